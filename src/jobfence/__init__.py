@@ -1,0 +1,74 @@
+"""jobfence: effectively-once effects for at-least-once queues.
+
+The fence row of a job is written in the same database transaction as the handler's work,
+so a redelivery can never apply the work twice; failures are retried or kept as dead
+letters that people can read, replay and discard.
+"""
+
+from .app import App
+from .codec import PoisonPayload
+from .db import SyncTx, Tx
+from .errors import (
+    AuthenticationError,
+    AuthorizationError,
+    BusinessError,
+    Category,
+    ConfigurationError,
+    DatabaseUnavailable,
+    EnqueueError,
+    HandlerError,
+    IntegrationError,
+    JobfenceError,
+    NonRetryableError,
+    Retry,
+    ReviewConflict,
+    SchemaError,
+    TechnicalError,
+    TemporaryError,
+    ValidationError,
+    classify,
+)
+from .jobs import AttemptRecord, Delivery, Job
+from .observers import Observer
+from .retry import DEFAULT_POLICY, RetryPolicy
+from .store import DeadLetter, OutgoingJob
+from .transports import Transport
+from .worker import Worker
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "App",
+    "AttemptRecord",
+    "AuthenticationError",
+    "AuthorizationError",
+    "BusinessError",
+    "Category",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "DeadLetter",
+    "Delivery",
+    "EnqueueError",
+    "HandlerError",
+    "IntegrationError",
+    "Job",
+    "JobfenceError",
+    "NonRetryableError",
+    "Observer",
+    "OutgoingJob",
+    "PoisonPayload",
+    "Retry",
+    "RetryPolicy",
+    "ReviewConflict",
+    "SchemaError",
+    "SyncTx",
+    "TechnicalError",
+    "TemporaryError",
+    "Transport",
+    "Tx",
+    "ValidationError",
+    "Worker",
+    "__version__",
+    "classify",
+]

@@ -1,0 +1,413 @@
+"""The application object: where consumers are registered and jobs are enqueued."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from .codec import Decoder, Schema, encode
+from .config import DatabaseURL, parse_database_url
+from .db import Database, Tx, connect, current_tx
+from .errors import ConfigurationError, EnqueueError
+from .harness import Consumer, Handler
+from .jobs import check_job_id, check_queue
+from .logs import LogObserver
+from .metrics import MetricsObserver
+from .observers import Observer, Observers
+from .retry import DEFAULT_POLICY, RetryPolicy
+from .store import DEFAULT_PAYLOAD_LIMIT, OutgoingJob, Store
+from .transports import Transport
+from .transports.database import DatabaseQueue
+
+H = TypeVar("H", bound=Handler)
+
+DEFAULT_FENCE_TTL = timedelta(days=7)
+DEFAULT_LEASE = timedelta(seconds=30)
+
+
+def fence_ttl_problem(
+    ttl: timedelta, lease: timedelta, policies: Iterable[tuple[str, RetryPolicy]]
+) -> str | None:
+    """Why ``ttl`` is unsafe (SPEC T1), with the arithmetic; None when it is safe.
+
+    A fence must outlive every redelivery of its job: the longest retry window plus one
+    lease (a delivery lost with its worker comes back after its lease), with a margin of the
+    same size again and at least one hour for queues that back up.
+    """
+    for queue, policy in policies:
+        window = policy.max_window()
+        exposure = window + lease
+        margin = max(exposure, timedelta(hours=1))
+        needed = exposure + margin
+        if ttl <= needed:
+            return (
+                f"fence TTL {ttl} is too short for queue {queue!r}: retry window {window} "
+                f"+ lease {lease} = {exposure}, plus margin {margin} = {needed}; a retry after "
+                f"the fence expired would apply the work twice. Use fence_ttl > {needed} "
+                f"(the default is {DEFAULT_FENCE_TTL})."
+            )
+    return None
+
+
+class App:
+    """A jobfence application.
+
+    ``database_url`` holds the fence and dead letters (and, by default, the queue):
+    ``postgresql://…`` or ``sqlite:///file.db``; default ``$JOBFENCE_DATABASE_URL`` or
+    ``sqlite:///jobfence.db``. ``transport`` is another queue (a URL or a
+    :class:`~jobfence.transports.Transport`); by default the queue is a table next to the
+    fence, and acks commit with the work.
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        transport: str | Transport | None = None,
+        fence_ttl: timedelta = DEFAULT_FENCE_TTL,
+        lease: timedelta = DEFAULT_LEASE,
+        payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
+        auto_migrate: bool | None = None,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        self.url: DatabaseURL = parse_database_url(database_url)
+        if lease <= timedelta(0):
+            raise ConfigurationError("lease must be a positive duration")
+        if payload_limit < 1024:
+            raise ConfigurationError("payload_limit must be at least 1024 bytes")
+        self.fence_ttl = fence_ttl
+        self.lease = lease
+        self.payload_limit = payload_limit
+        self.auto_migrate = self.url.dialect == "sqlite" if auto_migrate is None else auto_migrate
+        self.consumers: dict[str, Consumer] = {}
+        self._transport_spec = transport
+        if isinstance(transport, str):
+            parse_database_url(transport)  # fail early on a bad URL
+        self._extra_observers = list(observers)
+        self.observers = Observers([])
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._db: Database | None = None
+        self._transport: Transport | None = None
+        self._owned: list[Database] = []
+        self._open_lock: asyncio.Lock | None = None
+        self._check_ttl()
+
+    def use_database(self, database_url: str) -> None:
+        """Point a not-yet-open app at another database (what ``worker --database-url`` does)."""
+        if self.is_open:
+            raise ConfigurationError("cannot change the database of an open app")
+        self.url = parse_database_url(database_url)
+        self.auto_migrate = self.url.dialect == "sqlite"
+
+    # -- registration -----------------------------------------------------------------------
+
+    def consumer(
+        self,
+        queue: str,
+        *,
+        schema: Schema = None,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> Callable[[H], H]:
+        """Register ``handler(job, tx)`` for ``queue``.
+
+        ``schema``: a pydantic model class, a JSON Schema dict, ``bytes`` (raw) or None (any
+        JSON). ``name`` is the consumer name the fence is keyed on (default: the queue).
+        ``retry`` overrides the default policy; it must carry a justification.
+        """
+        check_queue(queue)
+        if queue in self.consumers:
+            raise ConfigurationError(f"queue {queue!r} already has a consumer")
+        policy = retry or DEFAULT_POLICY
+        if not isinstance(policy, RetryPolicy):
+            raise ConfigurationError(f"retry must be a RetryPolicy, got {type(policy).__name__}")
+        decoder = Decoder(schema)
+
+        def register(handler: H) -> H:
+            if not callable(handler):
+                raise ConfigurationError("@app.consumer must decorate a function")
+            self.consumers[queue] = Consumer(
+                queue=queue,
+                name=name or queue,
+                handler=handler,
+                decoder=decoder,
+                policy=policy,
+            )
+            self._check_ttl()
+            return handler
+
+        return register
+
+    def _check_ttl(self) -> None:
+        policies = [(c.queue, c.policy) for c in self.consumers.values()] or [
+            ("(default)", DEFAULT_POLICY)
+        ]
+        problem = fence_ttl_problem(self.fence_ttl, self.lease, policies)
+        if problem:
+            raise ConfigurationError(problem)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._db is not None
+
+    @property
+    def db(self) -> Database:
+        if self._db is None:
+            raise RuntimeError("the app is not open: use `async with app:` or `await app.open()`")
+        return self._db
+
+    @property
+    def store(self) -> Store:
+        return Store(self.db)
+
+    @property
+    def transport(self) -> Transport:
+        if self._transport is None:
+            raise RuntimeError("the app is not open: use `async with app:` or `await app.open()`")
+        return self._transport
+
+    async def open(self, pool_size: int = 10) -> None:
+        """Connect (and migrate SQLite, or check the PostgreSQL schema)."""
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._db is not None:
+                return
+            db = connect(self.url)
+            await db.open(max_size=pool_size)
+            try:
+                await self._prepare(db)
+                transport = await self._make_transport(db, pool_size)
+            except BaseException:
+                await db.close()
+                raise
+            consumers = {q: c.name for q, c in self.consumers.items()}
+            self.observers = Observers(
+                [MetricsObserver(consumers), LogObserver(), *self._extra_observers]
+            )
+            self._db, self._transport = db, transport
+
+    async def _prepare(self, db: Database) -> None:
+        store = Store(db)
+        if self.auto_migrate:
+            await store.migrate()
+        else:
+            await store.check_schema()
+
+    async def _make_transport(self, db: Database, pool_size: int) -> Transport:
+        spec = self._transport_spec
+        if isinstance(spec, Transport):
+            await spec.open()
+            return spec
+        if spec is None or parse_database_url(spec).target == self.url.target:
+            return DatabaseQueue(
+                db, shares_database=True, lease=self.lease, worker_id=self.worker_id
+            )
+        other = connect(parse_database_url(spec))
+        await other.open(max_size=pool_size)
+        self._owned.append(other)
+        await self._prepare(other)
+        return DatabaseQueue(
+            other, shares_database=False, lease=self.lease, worker_id=self.worker_id
+        )
+
+    async def close(self) -> None:
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
+        for other in self._owned:
+            await other.close()
+        self._owned.clear()
+        if self._db is not None:
+            db, self._db = self._db, None
+            await db.close()
+
+    async def __aenter__(self) -> App:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def migrate(self) -> list[int]:
+        """Apply pending migrations to the database (idempotent); return what was applied."""
+        db = connect(self.url)
+        await db.open(max_size=1)
+        try:
+            return await Store(db).migrate()
+        finally:
+            await db.close()
+
+    # -- enqueue ----------------------------------------------------------------------------
+
+    @staticmethod
+    def job(
+        queue: str,
+        payload: Any,
+        *,
+        job_id: str | None = None,
+        correlation_id: str | None = None,
+        delay: timedelta | float | None = None,
+    ) -> OutgoingJob:
+        """Validate and encode one job (what ``enqueue`` does before it writes)."""
+        try:
+            check_queue(queue)
+            job_id = check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
+            if correlation_id is not None:
+                if not isinstance(correlation_id, str) or "\x00" in correlation_id:
+                    raise ValueError("correlation_id must be a string without NUL characters")
+                if len(correlation_id) > 255:
+                    raise ValueError("correlation_id is longer than 255 characters")
+            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay or 0)
+            if seconds < 0:
+                raise ValueError("delay must not be negative")
+            data = encode(payload)
+        except ValueError as exc:
+            raise EnqueueError(str(exc)) from None
+        return OutgoingJob(queue, job_id, data, correlation_id, seconds)
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        job_id: str | None = None,
+        correlation_id: str | None = None,
+        delay: timedelta | float | None = None,
+        connection: Any = None,
+    ) -> str:
+        """Enqueue one job; return its job_id.
+
+        With ``connection`` (a handler's ``tx``, a psycopg ``AsyncConnection`` or an aiosqlite
+        ``Connection`` in an open transaction) the job is written in that transaction and
+        exists only if it commits.
+        """
+        job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
+        await self.enqueue_many([job], connection=connection)
+        return job.job_id
+
+    async def enqueue_many(self, jobs: Sequence[OutgoingJob], *, connection: Any = None) -> None:
+        """Enqueue jobs made with :meth:`job` in one transaction (or in ``connection``'s)."""
+        if not jobs:
+            return
+        if connection is None:
+            if current_tx.get() is not None and self.url.dialect == "sqlite":
+                raise EnqueueError(
+                    "inside a handler on SQLite, enqueue with connection=tx: a second write "
+                    "transaction would wait for the handler's own"
+                )
+            if not self.is_open:
+                await self.open()
+            await self.transport.publish(jobs)
+            return
+        await self.store_for(connection).enqueue(jobs, tx=self._as_tx(connection))
+
+    def store_for(self, connection: Any) -> Store:
+        if self.is_open and isinstance(self.transport, DatabaseQueue):
+            if not self.transport.shares_database:
+                return self.transport.store
+            return self.store
+        if self.is_open:
+            raise EnqueueError(
+                "enqueue in the caller's transaction needs the database queue; with a broker "
+                "transport write to the outbox instead"
+            )
+        return Store(connect(self.url))
+
+    def _as_tx(self, connection: Any) -> Tx:
+        if isinstance(connection, Tx):
+            return connection
+        from .db import SyncTx
+
+        if isinstance(connection, SyncTx):
+            raise EnqueueError(
+                "from a plain `def` handler use app.enqueue_sync(..., connection=tx)"
+            )
+        import aiosqlite
+        import psycopg
+
+        from .sql import queries
+
+        if isinstance(connection, psycopg.AsyncConnection):
+            from .db.postgres import PgTx
+
+            return PgTx(connection, queries("postgresql"))
+        if isinstance(connection, aiosqlite.Connection):
+            from .db.sqlite import SqliteTx
+
+            return SqliteTx(connection, queries("sqlite"))
+        raise EnqueueError(
+            f"cannot enqueue on a {type(connection).__name__}; pass the handler's tx, a psycopg "
+            "AsyncConnection or an aiosqlite Connection (sync connections: app.enqueue_sync)"
+        )
+
+    def enqueue_sync(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        job_id: str | None = None,
+        correlation_id: str | None = None,
+        delay: timedelta | float | None = None,
+        connection: Any = None,
+    ) -> str:
+        """Enqueue from synchronous code.
+
+        With ``connection`` (a psycopg ``Connection``, an ``sqlite3.Connection`` or a plain
+        ``def`` handler's ``tx``) the job joins that transaction; the caller commits. Without
+        it, a short connection of its own is opened and committed.
+        """
+        from .db import SyncTx
+
+        job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
+        if isinstance(connection, SyncTx):
+            connection._run(self.enqueue_many([job], connection=connection.async_tx))
+            return job.job_id
+        store = Store(connect(self.url))
+        if connection is not None:
+            store.enqueue_sync(connection, [job])
+            return job.job_id
+        if current_tx.get() is not None and self.url.dialect == "sqlite":
+            raise EnqueueError(
+                "inside a handler on SQLite, enqueue with connection=tx: a second write "
+                "transaction would wait for the handler's own"
+            )
+        if self.url.dialect == "sqlite":
+            with sqlite3.connect(self.url.target, timeout=30) as conn:
+                store.enqueue_sync(conn, [job])
+            conn.close()
+        else:
+            import psycopg
+
+            with psycopg.connect(self.url.target) as pg:
+                store.enqueue_sync(pg, [job])
+        return job.job_id
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def worker(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 10,
+        poll_interval: float = 2.0,
+        shutdown_grace: float = 30.0,
+    ) -> Any:
+        """A :class:`~jobfence.worker.Worker` for this app (``await worker.run()``)."""
+        from .worker import Worker
+
+        return Worker(
+            self,
+            queues=queues,
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            shutdown_grace=shutdown_grace,
+        )

@@ -1,0 +1,86 @@
+"""Database URLs and environment settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import ConfigurationError
+from .sql import Dialect
+
+ENV_DATABASE_URL = "JOBFENCE_DATABASE_URL"
+ENV_TRANSPORT_URL = "JOBFENCE_TRANSPORT"
+DEFAULT_DATABASE_URL = "sqlite:///jobfence.db"
+
+_ACCEPTED = "postgresql://user@host:5432/dbname or sqlite:///path/to/file.db"
+
+
+@dataclass(frozen=True)
+class DatabaseURL:
+    """A parsed database URL. ``target`` is what the driver gets (conninfo or file path)."""
+
+    dialect: Dialect
+    target: str
+    display: str
+
+    @property
+    def path(self) -> Path:
+        if self.dialect != "sqlite":
+            raise AttributeError("only SQLite URLs have a path")
+        return Path(self.target)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+def parse_database_url(url: str | None) -> DatabaseURL:
+    """Parse ``postgresql://…`` or ``sqlite:///…``; raise ConfigurationError saying what to fix."""
+    if url is None:
+        url = os.environ.get(ENV_DATABASE_URL) or DEFAULT_DATABASE_URL
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(f"empty database URL; expected {_ACCEPTED}")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep:
+        raise ConfigurationError(f"{redact(url)!r} is not a database URL; expected {_ACCEPTED}")
+    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        try:
+            parts = urlsplit(url)
+            _ = parts.port  # raises on a non-numeric port
+        except ValueError as exc:
+            raise ConfigurationError(f"bad PostgreSQL URL {redact(url)!r}: {exc}") from None
+        if not parts.path.strip("/"):
+            raise ConfigurationError(
+                f"PostgreSQL URL {redact(url)!r} names no database; add /dbname at the end"
+            )
+        target = urlunsplit(parts._replace(scheme="postgresql"))
+        return DatabaseURL("postgresql", target, redact(url))
+    if scheme == "sqlite":
+        if not rest.startswith("/"):
+            raise ConfigurationError(
+                f"SQLite URL {url!r} needs three slashes: sqlite:///relative.db or "
+                "sqlite:////absolute/path.db"
+            )
+        path = rest[1:]
+        if "?" in path:
+            path = path.split("?", 1)[0]
+        if not path or path in (":memory:",) or path.startswith("file::memory:"):
+            raise ConfigurationError(
+                "SQLite URL must name a file (sqlite:///jobs.db): an in-memory database cannot "
+                "be shared by the worker's connections"
+            )
+        return DatabaseURL("sqlite", path, url)
+    raise ConfigurationError(f"unsupported database URL scheme {scheme!r}; expected {_ACCEPTED}")

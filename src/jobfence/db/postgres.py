@@ -1,0 +1,159 @@
+"""PostgreSQL driver: psycopg 3 with a connection pool, LISTEN for wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ..errors import DatabaseUnavailable
+from . import Database, Params, Row, Tx
+
+log = logging.getLogger("jobfence.db")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class PgTx(Tx):
+    dialect = "postgresql"
+    paramstyle = "pyformat"
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], sql: Mapping[str, LiteralString]):
+        self._conn = conn
+        self._sql = sql
+
+    @property
+    def connection(self) -> psycopg.AsyncConnection[Any]:
+        return self._conn
+
+    async def execute(self, sql: str, params: Params = None) -> int:
+        cur = await self._conn.execute(sql, params)
+        return cur.rowcount
+
+    async def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
+        cur = await self._conn.execute(sql, params)
+        if cur.description is None:
+            return []
+        return await cur.fetchall()
+
+    async def q(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        return await _named(self._conn, self._sql[name], params)
+
+    async def qmany(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
+        async with self._conn.cursor() as cur:
+            await cur.executemany(self._sql[name], params)
+
+    async def script(self, sql: LiteralString) -> None:
+        await self._conn.execute(sql)
+
+
+async def _named(
+    conn: psycopg.AsyncConnection[Any], query: LiteralString, params: Mapping[str, Any] | None
+) -> list[Row]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query, params)
+        if cur.description is None:
+            return []
+        return await cur.fetchall()
+
+
+class PostgresDatabase(Database):
+    dialect = "postgresql"
+
+    _pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+
+    async def open(self, max_size: int = 10) -> None:
+        if self._pool is not None:
+            return
+        # One direct connection first: a clear message beats a pool timeout.
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.url.target, autocommit=True, connect_timeout=10
+            )
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to {self.display}: {_first_line(exc)}"
+            ) from None
+        await conn.close()
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+            self.url.target,
+            min_size=min(2, max_size),
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            open=False,
+            timeout=30,
+            name="jobfence",
+        )
+        await pool.open(wait=True, timeout=30)
+        self._pool = pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    @property
+    def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        if self._pool is None:
+            raise RuntimeError("database is not open")
+        return self._pool
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable(f"no connection to {self.display}: {exc}") from None
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        async with self._connection() as conn, conn.transaction():
+            yield PgTx(conn, self.sql)
+
+    async def run(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        async with self._connection() as conn:
+            return await _named(conn, self.sql[name], params)
+
+    async def wakeups(self, channel: str) -> AsyncIterator[str]:
+        """LISTEN on ``channel`` on a dedicated connection, reconnecting with backoff.
+
+        Yields ``""`` after each (re)connection so the caller polls once for anything it
+        missed while it was not listening.
+        """
+        backoff = 0.1
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.url.target, autocommit=True, connect_timeout=10
+                )
+            except psycopg.Error as exc:
+                log.warning(
+                    "listen connection failed; retrying",
+                    extra={"error": _first_line(exc), "retry_in": backoff},
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            try:
+                await conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(channel)))
+                backoff = 0.1
+                yield ""
+                async for notify in conn.notifies():
+                    yield notify.payload
+            except psycopg.Error as exc:
+                log.warning(
+                    "listen connection lost; reconnecting", extra={"error": _first_line(exc)}
+                )
+            finally:
+                await conn.close()

@@ -1,0 +1,160 @@
+"""SQLite driver: the embedded default. One file in WAL mode, safe for several processes.
+
+SQLite has one writer at a time. Within a process, writers queue on an asyncio lock (no
+busy-waiting); across processes they wait on SQLite's busy timeout. A work transaction
+starts with ``BEGIN IMMEDIATE`` so it holds the write lock from its first statement: the
+fence is written first, and a parallel duplicate waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, LiteralString
+
+import aiosqlite
+
+from ..errors import DatabaseUnavailable
+from . import Database, Params, Row, Tx
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+class SqliteTx(Tx):
+    dialect = "sqlite"
+    paramstyle = "qmark"
+
+    def __init__(self, conn: aiosqlite.Connection, sql: Mapping[str, LiteralString]) -> None:
+        self._conn = conn
+        self._sql = sql
+
+    @property
+    def connection(self) -> aiosqlite.Connection:
+        return self._conn
+
+    async def execute(self, sql: str, params: Params = None) -> int:
+        async with self._conn.execute(sql, params or ()) as cur:
+            await cur.fetchall()  # step to completion (RETURNING, triggers)
+            return int(cur.rowcount)
+
+    async def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
+        async with self._conn.execute(sql, params or ()) as cur:
+            return [tuple(row) for row in await cur.fetchall()]
+
+    async def q(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        return await _named(self._conn, self._sql[name], params)
+
+    async def qmany(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
+        await self._conn.executemany(self._sql[name], params)
+
+    async def script(self, sql: LiteralString) -> None:
+        # executescript would COMMIT first; run statement by statement inside our transaction
+        for statement in _split(sql):
+            await self._conn.execute(statement)
+
+
+def _split(script: str) -> list[str]:
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer)
+            buffer = ""
+    if buffer.strip() and not all(
+        ln.strip().startswith("--") or not ln.strip() for ln in buffer.splitlines()
+    ):
+        statements.append(buffer)
+    return statements
+
+
+async def _named(
+    conn: aiosqlite.Connection, query: LiteralString, params: Mapping[str, Any] | None
+) -> list[Row]:
+    async with conn.execute(query, params or {}) as cur:
+        rows = await cur.fetchall()
+        if not cur.description:  # a statement without a result
+            return []
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+class SQLiteDatabase(Database):
+    dialect = "sqlite"
+
+    def __init__(self, url: Any) -> None:
+        super().__init__(url)
+        self._idle: list[aiosqlite.Connection] = []
+        self._all: list[aiosqlite.Connection] = []
+        self._lock: asyncio.Lock | None = None
+        self._opened = False
+
+    async def open(self, max_size: int = 10) -> None:
+        if self._opened:
+            return
+        parent = self.url.path.absolute().parent
+        if not parent.is_dir():
+            raise DatabaseUnavailable(f"cannot open {self.display}: folder {parent} does not exist")
+        self._lock = asyncio.Lock()
+        conn = await self._new_connection()
+        self._idle.append(conn)
+        self._opened = True
+
+    async def _new_connection(self) -> aiosqlite.Connection:
+        try:
+            conn = await aiosqlite.connect(
+                self.url.target, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+            )
+            await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            await conn.execute("PRAGMA journal_mode = WAL")
+            await conn.execute("PRAGMA synchronous = FULL")
+            await conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as exc:
+            raise DatabaseUnavailable(f"cannot open {self.display}: {exc}") from None
+        self._all.append(conn)
+        return conn
+
+    async def close(self) -> None:
+        conns, self._all, self._idle = self._all, [], []
+        for conn in conns:
+            await conn.close()
+        self._opened = False
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            raise RuntimeError("database is not open")
+        return self._lock
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:
+        # Callers hold the write lock, so one connection per process would do; keep the
+        # ones we made for reuse.
+        conn = self._idle.pop() if self._idle else await self._new_connection()
+        try:
+            yield conn
+        finally:
+            self._idle.append(conn)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        async with self.lock, self._connection() as conn:
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield SqliteTx(conn, self.sql)
+                await conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    await asyncio.shield(conn.execute("ROLLBACK"))
+                raise
+
+    async def run(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        async with self.lock, self._connection() as conn:
+            return await _named(conn, self.sql[name], params)
+
+    async def wakeups(self, channel: str) -> AsyncIterator[str]:
+        """SQLite has no notifications across processes; workers poll instead."""
+        await asyncio.Event().wait()
+        yield ""  # pragma: no cover - never reached

@@ -1,0 +1,242 @@
+"""Exceptions and the error taxonomy (SPEC R4).
+
+The tree::
+
+    JobfenceError                      root of everything jobfence raises
+    ├── ConfigurationError             bad settings, bad URLs, bad policies (refused up front)
+    ├── DatabaseUnavailable            the database cannot be reached (retryable for jobs)
+    ├── EnqueueError                   a job that cannot be enqueued (bad job_id, unknown queue…)
+    ├── SchemaError                    the database is missing or behind its migrations
+    ├── ReviewConflict                 a dead-letter action lost a race or hit the wrong state
+    └── HandlerError                   raised by handlers to say how a failure must be treated
+        ├── ValidationError            VALIDATION_ERROR    no retry
+        ├── BusinessError              BUSINESS_ERROR      no retry
+        ├── TemporaryError             TEMPORARY_ERROR     retry up to the policy's maximum
+        ├── IntegrationError           INTEGRATION_ERROR   no retry
+        ├── AuthenticationError        AUTHENTICATION_ERROR one retry (for a token refresh)
+        ├── AuthorizationError         AUTHORIZATION_ERROR no retry
+        ├── TechnicalError             TECHNICAL_ERROR     limited retry
+        └── NonRetryableError          NON_RETRYABLE_ERROR straight to dead letters
+
+    Retry                              control flow: "try again after this delay", no error log
+
+Anything else a handler raises is classified by :func:`classify`: serialization failures,
+deadlocks, lost connections and timeouts are TEMPORARY_ERROR; everything unknown is
+TECHNICAL_ERROR. No exception ever crashes the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import sqlite3
+from dataclasses import dataclass
+from datetime import timedelta
+
+import psycopg
+import psycopg.errors
+
+
+class RetryMode(enum.Enum):
+    """How a category is retried."""
+
+    NEVER = "never"
+    POLICY = "policy"  # up to the policy's max_retries
+    LIMITED = "limited"  # up to the policy's limited_retries
+    TOKEN_REFRESH = "token_refresh"  # exactly one retry, to let a handler refresh credentials
+
+
+@dataclass(frozen=True)
+class CategoryInfo:
+    retry: RetryMode
+    final_state: str
+    http_status: tuple[int, ...]
+    log_level: int
+    alert: bool
+
+
+class Category(enum.StrEnum):
+    """The error taxonomy of SPEC R4 (seed 004 §10.4)."""
+
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    BUSINESS_ERROR = "BUSINESS_ERROR"
+    TEMPORARY_ERROR = "TEMPORARY_ERROR"
+    INTEGRATION_ERROR = "INTEGRATION_ERROR"
+    AUTHENTICATION_ERROR = "AUTHENTICATION_ERROR"
+    AUTHORIZATION_ERROR = "AUTHORIZATION_ERROR"
+    TECHNICAL_ERROR = "TECHNICAL_ERROR"
+    NON_RETRYABLE_ERROR = "NON_RETRYABLE_ERROR"
+
+    @property
+    def info(self) -> CategoryInfo:
+        return TAXONOMY[self]
+
+
+TAXONOMY: dict[Category, CategoryInfo] = {
+    Category.VALIDATION_ERROR: CategoryInfo(
+        RetryMode.NEVER, "VALIDATION_FAILED", (422,), logging.WARNING, alert=False
+    ),
+    Category.BUSINESS_ERROR: CategoryInfo(
+        RetryMode.NEVER, "REJECTED", (422, 409), logging.WARNING, alert=False
+    ),
+    Category.TEMPORARY_ERROR: CategoryInfo(
+        RetryMode.POLICY, "FAILED", (502, 504), logging.ERROR, alert=True
+    ),
+    Category.INTEGRATION_ERROR: CategoryInfo(
+        RetryMode.NEVER, "FAILED", (422,), logging.ERROR, alert=True
+    ),
+    Category.AUTHENTICATION_ERROR: CategoryInfo(
+        RetryMode.TOKEN_REFRESH, "FAILED", (401,), logging.ERROR, alert=True
+    ),
+    Category.AUTHORIZATION_ERROR: CategoryInfo(
+        RetryMode.NEVER, "FAILED", (403,), logging.ERROR, alert=True
+    ),
+    Category.TECHNICAL_ERROR: CategoryInfo(
+        RetryMode.LIMITED, "FAILED", (500,), logging.ERROR, alert=True
+    ),
+    Category.NON_RETRYABLE_ERROR: CategoryInfo(
+        RetryMode.NEVER, "FAILED", (422, 500), logging.CRITICAL, alert=True
+    ),
+}
+
+
+class JobfenceError(Exception):
+    """Root of every exception jobfence raises."""
+
+
+class ConfigurationError(JobfenceError):
+    """Settings that jobfence refuses to run with; the message says what to fix."""
+
+
+class DatabaseUnavailable(JobfenceError):
+    """The database could not be reached; the message names it (without its password)."""
+
+
+class EnqueueError(JobfenceError):
+    """A job that cannot be enqueued as given."""
+
+
+class SchemaError(JobfenceError):
+    """The database schema is missing or not at the version this code needs."""
+
+
+class ReviewConflict(JobfenceError):
+    """A review action on a dead letter that is not (or no longer) in a state that allows it."""
+
+
+class HandlerError(JobfenceError):
+    """Raise from a handler to choose how the failure is treated.
+
+    ``code`` is an optional short machine-readable error code kept on the dead letter.
+    """
+
+    category: Category = Category.TECHNICAL_ERROR
+
+    def __init__(self, message: str = "", *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ValidationError(HandlerError):
+    category = Category.VALIDATION_ERROR
+
+
+class BusinessError(HandlerError):
+    category = Category.BUSINESS_ERROR
+
+
+class TemporaryError(HandlerError):
+    category = Category.TEMPORARY_ERROR
+
+
+class IntegrationError(HandlerError):
+    category = Category.INTEGRATION_ERROR
+
+
+class AuthenticationError(HandlerError):
+    category = Category.AUTHENTICATION_ERROR
+
+
+class AuthorizationError(HandlerError):
+    category = Category.AUTHORIZATION_ERROR
+
+
+class TechnicalError(HandlerError):
+    category = Category.TECHNICAL_ERROR
+
+
+class NonRetryableError(HandlerError):
+    category = Category.NON_RETRYABLE_ERROR
+
+
+class Retry(Exception):
+    """Raise from a handler to retry later without logging an error.
+
+    The attempt still counts against the retry policy; when ``delay`` is omitted the
+    policy's backoff is used.
+    """
+
+    def __init__(self, delay: timedelta | float | None = None, reason: str = "retry requested"):
+        super().__init__(reason)
+        if isinstance(delay, int | float):
+            delay = timedelta(seconds=delay)
+        if delay is not None and delay < timedelta(0):
+            raise ValueError("Retry(delay=...) must not be negative")
+        self.delay = delay
+        self.reason = reason
+
+
+_TEMPORARY_DB_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.LockNotAvailable,
+    psycopg.errors.QueryCanceled,
+    psycopg.errors.AdminShutdown,
+    psycopg.errors.CannotConnectNow,
+    psycopg.OperationalError,  # lost connections, server restarts, refused connections
+    psycopg.InterfaceError,  # "the connection is closed"
+)
+
+
+def classify(exc: BaseException) -> Category:
+    """Map any exception onto the taxonomy. Never raises."""
+    if isinstance(exc, HandlerError):
+        return exc.category
+    if isinstance(exc, Retry):
+        return Category.TEMPORARY_ERROR
+    if isinstance(exc, _TEMPORARY_DB_ERRORS | DatabaseUnavailable):
+        return Category.TEMPORARY_ERROR
+    if isinstance(exc, sqlite3.OperationalError):
+        # "database is locked", "disk I/O error": the store could not do it now.
+        return Category.TEMPORARY_ERROR
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectionError):
+        return Category.TEMPORARY_ERROR
+    return Category.TECHNICAL_ERROR
+
+
+def error_code(exc: BaseException) -> str | None:
+    """A short code for the dead letter: the handler's own, else the exception's class name."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code:
+        return code
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        return f"SQLSTATE {sqlstate}"
+    return type(exc).__name__
+
+
+def describe(exc: BaseException, limit: int = 4000) -> str:
+    """A one-line, storable description of an exception (no NUL bytes; bounded length)."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return clean_text(text, limit)
+
+
+def clean_text(text: str, limit: int = 4000) -> str:
+    """Make text storable in PostgreSQL ``text``/``jsonb`` (which refuse NUL) and bound it."""
+    text = text.replace("\x00", "\\x00")
+    # lone surrogates cannot be encoded as UTF-8 either
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > limit:
+        text = text[: limit - 12] + " …[truncated]"
+    return text

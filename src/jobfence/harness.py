@@ -1,0 +1,229 @@
+"""The consumer harness (SPEC H1): one delivery from the transport to its final outcome.
+
+    decode → validate ─poison─► dead letter (0 retries)
+        │
+        ▼
+    transaction { fence row (first) ─already there─► skip, ack (duplicate)
+                  handler(job, tx) }
+        │ commit                    │ exception
+        ▼                           ▼
+      ack                     classify (R4) → retry with backoff (R1) | dead letter (D1)
+
+A crash anywhere before the commit leaves neither the work nor the fence; the transport
+redelivers after the lease. A crash after the commit and before the ack is caught by the
+fence on redelivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from .codec import Decoder, PoisonPayload
+from .db import Database, SyncTx, Tx, current_tx
+from .errors import Category, Retry, classify, describe, error_code
+from .jobs import Delivery, Job
+from .observers import Observers
+from .retry import RetryPolicy
+from .store import DEFAULT_PAYLOAD_LIMIT, FenceOutcome, Store
+from .transports import Transport
+
+log = logging.getLogger("jobfence.harness")
+
+Handler = Callable[[Job[Any], Any], Awaitable[None] | None]
+
+
+class Outcome(enum.Enum):
+    PROCESSED = "processed"
+    DUPLICATE = "duplicate"
+    RETRY = "retry"
+    DEAD = "dead"
+    LOST = "lost"
+    FAILED_TO_RECORD = "failed_to_record"  # the store was unreachable; the lease will redeliver
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """A handler bound to a queue, with its schema and retry policy."""
+
+    queue: str
+    name: str
+    handler: Handler
+    decoder: Decoder
+    policy: RetryPolicy
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.handler)
+
+
+class _LeaseLost(Exception):
+    pass
+
+
+class Harness:
+    def __init__(
+        self,
+        *,
+        consumers: dict[str, Consumer],
+        db: Database,
+        transport: Transport,
+        observers: Observers,
+        fence_ttl: timedelta,
+        payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
+        executor: Executor | None = None,
+    ) -> None:
+        self.consumers = consumers
+        self.db = db
+        self.store = Store(db)
+        self.transport = transport
+        self.observers = observers
+        self.fence_ttl = fence_ttl
+        self.payload_limit = payload_limit
+        self.executor = executor
+
+    async def handle(self, delivery: Delivery) -> Outcome:
+        consumer = self.consumers.get(delivery.queue)
+        if consumer is None:
+            return await self._dead(
+                delivery,
+                delivery.queue,
+                Category.NON_RETRYABLE_ERROR,
+                f"no consumer is registered for queue {delivery.queue!r}",
+                "NO_CONSUMER",
+            )
+        if delivery.attempt > consumer.policy.max_attempts:
+            last = delivery.history[-1].error if delivery.history else "unknown"
+            return await self._dead(
+                delivery,
+                consumer.name,
+                Category.TECHNICAL_ERROR,
+                f"gave up after {delivery.attempt - 1} attempts (the last lost its worker): {last}",
+                "ATTEMPTS_EXHAUSTED",
+            )
+        try:
+            payload = consumer.decoder.decode(delivery.payload)
+        except PoisonPayload as exc:
+            return await self._dead(
+                delivery, consumer.name, Category.VALIDATION_ERROR, str(exc), "POISON"
+            )
+        job: Job[Any] = Job(
+            queue=delivery.queue,
+            job_id=delivery.job_id,
+            payload=payload,
+            raw=delivery.payload,
+            attempt=delivery.attempt,
+            correlation_id=delivery.correlation_id,
+            enqueued_at=delivery.enqueued_at,
+            history=tuple(delivery.history),
+        )
+        ack_in_tx = self.transport.shares_database
+        duration = 0.0
+        try:
+            async with self.db.transaction() as tx:
+                fenced = await self.store.fence(
+                    tx, consumer.name, delivery, self.fence_ttl, ack=ack_in_tx
+                )
+                if fenced is FenceOutcome.LOST:
+                    raise _LeaseLost
+                if fenced is FenceOutcome.FENCED:
+                    self.observers.job_started(job)
+                    started = time.perf_counter()
+                    await self._call(consumer, job, tx)
+                    duration = time.perf_counter() - started
+        except _LeaseLost:
+            self.observers.job_lost(delivery, consumer.name)
+            return Outcome.LOST
+        except asyncio.CancelledError:
+            # shutdown ran out of patience: the transaction rolled back; hand the job back
+            await asyncio.shield(self._release(delivery))
+            raise
+        except Exception as exc:
+            return await self._failed(delivery, consumer, exc)
+
+        await self.observers.after_commit(job)
+        if not ack_in_tx:
+            try:
+                await self.transport.ack(delivery)
+            except Exception:
+                # the work is committed; a redelivery will meet the fence
+                log.exception("ack failed after commit", extra={"job_id": delivery.job_id})
+        if fenced is FenceOutcome.DUPLICATE:
+            self.observers.job_duplicate(delivery, consumer.name)
+            return Outcome.DUPLICATE
+        self.observers.job_processed(job, duration)
+        return Outcome.PROCESSED
+
+    async def _call(self, consumer: Consumer, job: Job[Any], tx: Tx) -> None:
+        token = current_tx.set(tx)
+        try:
+            if consumer.is_async:
+                result = consumer.handler(job, tx)
+                if inspect.isawaitable(result):
+                    await result
+            else:
+                loop = asyncio.get_running_loop()
+                ctx = contextvars.copy_context()
+                call = partial(ctx.run, consumer.handler, job, SyncTx(tx, loop))
+                await loop.run_in_executor(self.executor, call)
+        finally:
+            current_tx.reset(token)
+
+    async def _release(self, delivery: Delivery) -> None:
+        try:
+            await self.transport.release(delivery, attempted=True)
+        except Exception:
+            log.exception("could not release job on shutdown; its lease will expire")
+
+    async def _failed(self, delivery: Delivery, consumer: Consumer, exc: Exception) -> Outcome:
+        category = classify(exc)
+        requested = exc.delay if isinstance(exc, Retry) else None
+        decision = consumer.policy.decide(category, delivery.attempt, requested_delay=requested)
+        error = describe(exc)
+        if not decision.retry:
+            return await self._dead(delivery, consumer.name, category, error, error_code(exc))
+        try:
+            await self.transport.retry(delivery, decision.delay, category, error)
+        except Exception:
+            log.exception(
+                "could not schedule a retry; the job returns when its lease expires",
+                extra={"job_id": delivery.job_id, "correlation_id": delivery.correlation_id},
+            )
+            return Outcome.FAILED_TO_RECORD
+        self.observers.job_retry(delivery, consumer.name, category, decision.delay, error)
+        return Outcome.RETRY
+
+    async def _dead(
+        self, delivery: Delivery, consumer: str, category: Category, error: str, code: str | None
+    ) -> Outcome:
+        shares = self.transport.shares_database
+        try:
+            letter_id = await self.store.write_dead_letter(
+                delivery,
+                consumer,
+                category,
+                error,
+                code,
+                ack=shares,
+                payload_limit=self.payload_limit,
+            )
+            if not shares:
+                await self.transport.ack(delivery)
+        except Exception:
+            log.exception(
+                "could not write the dead letter; the job returns when its lease expires",
+                extra={"job_id": delivery.job_id, "correlation_id": delivery.correlation_id},
+            )
+            return Outcome.FAILED_TO_RECORD
+        self.observers.job_dead(delivery, consumer, category, error, letter_id)
+        return Outcome.DEAD

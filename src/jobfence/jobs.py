@@ -1,0 +1,103 @@
+"""Jobs as a handler sees them, and deliveries as a transport hands them over.
+
+Job states in the database queue (enforced by CHECK constraints, drawn in docs/concepts.md)::
+
+    enqueue ──► available ──claim──► running ──commit──► (deleted; the fence row remains)
+                   ▲  (run_at ≤ now)    │
+                   │                    ├─ failure, retries left ──► available (run_at ≥ now)
+                   │                    ├─ failure, no retries / poison ──► dead letter (row moved)
+                   └──── lease expired (worker lost) ◄──┘
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+MAX_JOB_ID_LENGTH = 255
+MAX_QUEUE_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One failed attempt, as kept in a job's history and copied onto its dead letter."""
+
+    attempt: int
+    at: str  # ISO 8601, from the database clock
+    category: str
+    error: str
+    retry_at: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AttemptRecord:
+        return cls(
+            attempt=int(data.get("attempt", 0)),
+            at=str(data.get("at", "")),
+            category=str(data.get("category", "")),
+            error=str(data.get("error", "")),
+            retry_at=data.get("retry_at"),
+        )
+
+
+@dataclass
+class Delivery:
+    """A message handed to the harness by a transport.
+
+    ``attempt`` counts deliveries that reached a harness, this one included (1-based); a
+    delivery lost with its worker counts too. ``token`` lets the transport recognise its own
+    lease (a stale worker cannot ack a job someone else has since claimed).
+    """
+
+    queue: str
+    job_id: str
+    payload: bytes
+    attempt: int
+    correlation_id: str | None = None
+    enqueued_at: datetime | None = None
+    history: list[AttemptRecord] = field(default_factory=list)
+    token: Any = None  # transport-specific (lease token, delivery tag, stream id…)
+    ref: Any = None  # transport-specific row/message reference
+
+
+@dataclass(frozen=True)
+class Job(Generic[T]):
+    """What a handler receives: the validated payload and the job's identity."""
+
+    queue: str
+    job_id: str
+    payload: T
+    raw: bytes
+    attempt: int
+    correlation_id: str | None
+    enqueued_at: datetime | None
+    history: tuple[AttemptRecord, ...] = ()
+
+    @property
+    def is_retry(self) -> bool:
+        return self.attempt > 1
+
+
+def check_job_id(job_id: object) -> str:
+    """Return a valid job_id or raise ValueError saying what is wrong."""
+    if not isinstance(job_id, str):
+        raise ValueError(f"job_id must be a string, got {type(job_id).__name__}")
+    if not job_id:
+        raise ValueError("job_id must not be empty")
+    if len(job_id) > MAX_JOB_ID_LENGTH:
+        raise ValueError(f"job_id is {len(job_id)} characters; the maximum is {MAX_JOB_ID_LENGTH}")
+    if "\x00" in job_id:
+        raise ValueError("job_id must not contain NUL characters")
+    return job_id
+
+
+def check_queue(queue: object) -> str:
+    if not isinstance(queue, str) or not queue.strip():
+        raise ValueError("queue must be a non-empty string")
+    if len(queue) > MAX_QUEUE_LENGTH:
+        raise ValueError(f"queue name is longer than {MAX_QUEUE_LENGTH} characters")
+    if "\x00" in queue:
+        raise ValueError("queue must not contain NUL characters")
+    return queue

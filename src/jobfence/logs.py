@@ -1,0 +1,114 @@
+"""Structured logs (SPEC K2): every job event carries job_id and correlation_id.
+
+The library logs through stdlib ``logging`` with the fields in ``extra``, so it fits any
+application's logging. The CLI renders them with structlog, as JSON lines or for a console.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import timedelta
+from typing import Any
+
+import structlog
+
+from .errors import Category, RetryMode
+from .jobs import Delivery, Job
+from .observers import Observer
+
+log = logging.getLogger("jobfence.worker")
+
+
+def _fields(delivery: Delivery | Job[Any], consumer: str | None = None) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "queue": delivery.queue,
+        "job_id": delivery.job_id,
+        "correlation_id": delivery.correlation_id,
+        "attempt": delivery.attempt,
+    }
+    if consumer is not None:
+        fields["consumer"] = consumer
+    return fields
+
+
+class LogObserver(Observer):
+    """Log levels follow the taxonomy (SPEC R4); duplicates and successes are DEBUG."""
+
+    def job_processed(self, job: Job[Any], duration: float) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("job processed", extra={**_fields(job), "duration_s": round(duration, 6)})
+
+    def job_duplicate(self, delivery: Delivery, consumer: str) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("duplicate skipped", extra=_fields(delivery, consumer))
+
+    def job_retry(
+        self, delivery: Delivery, consumer: str, category: Category, delay: timedelta, error: str
+    ) -> None:
+        level = category.info.log_level
+        if error.startswith("Retry"):
+            level = logging.INFO  # a requested retry is control flow, not an error
+        log.log(
+            level,
+            "job failed; retry scheduled",
+            extra={
+                **_fields(delivery, consumer),
+                "category": category.value,
+                "retry_in_s": round(delay.total_seconds(), 3),
+                "error": error,
+            },
+        )
+
+    def job_dead(
+        self,
+        delivery: Delivery,
+        consumer: str,
+        category: Category,
+        error: str,
+        dead_letter_id: int | None,
+    ) -> None:
+        level = category.info.log_level
+        if category.info.retry is not RetryMode.NEVER:
+            level = max(level, logging.ERROR)
+        log.log(
+            level,
+            "job dead-lettered",
+            extra={
+                **_fields(delivery, consumer),
+                "category": category.value,
+                "dead_letter_id": dead_letter_id,
+                "error": error,
+            },
+        )
+
+    def job_lost(self, delivery: Delivery, consumer: str) -> None:
+        log.warning("lease lost to another worker; skipping", extra=_fields(delivery, consumer))
+
+
+def configure(level: str = "INFO", fmt: str = "console") -> None:
+    """Render stdlib log records (with their extra fields) through structlog."""
+    renderer: Any
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.ExtraAdder(),
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger("jobfence")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False

@@ -1,0 +1,97 @@
+"""Lifecycle hooks. Metrics and logs hang off these, not off the worker loop (STYLE habit 8).
+
+Every hook is a no-op by default; subclass :class:`Observer` and override what you need.
+An observer that raises is logged and ignored: it can never change a job's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from .errors import Category
+from .jobs import Delivery, Job
+
+log = logging.getLogger("jobfence.observers")
+
+
+class Observer:
+    def job_started(self, job: Job[Any]) -> None:
+        """The handler is about to run (its fence row is in place)."""
+
+    def job_processed(self, job: Job[Any], duration: float) -> None:
+        """The work committed; ``duration`` is the handler's run time in seconds."""
+
+    def job_duplicate(self, delivery: Delivery, consumer: str) -> None:
+        """The job_id was already fenced: acked and skipped, the handler did not run."""
+
+    def job_retry(
+        self, delivery: Delivery, consumer: str, category: Category, delay: timedelta, error: str
+    ) -> None:
+        """A failed attempt was scheduled for another try."""
+
+    def job_dead(
+        self,
+        delivery: Delivery,
+        consumer: str,
+        category: Category,
+        error: str,
+        dead_letter_id: int | None,
+    ) -> None:
+        """The job went to dead letters (``dead_letter_id`` None: already there)."""
+
+    def job_lost(self, delivery: Delivery, consumer: str) -> None:
+        """Our lease was taken over before the work started; another worker owns the job."""
+
+    async def after_commit(self, job: Job[Any]) -> None:
+        """The work transaction committed; the transport has not been acked yet."""
+
+
+class Observers(Observer):
+    """Fan a hook out to many observers, isolating their failures."""
+
+    def __init__(self, observers: Sequence[Observer]) -> None:
+        self.observers = list(observers)
+
+    def _each(self, hook: str, *args: Any) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, hook)(*args)
+            except Exception:
+                log.exception("observer %s failed in %s", type(observer).__name__, hook)
+
+    def job_started(self, job: Job[Any]) -> None:
+        self._each("job_started", job)
+
+    def job_processed(self, job: Job[Any], duration: float) -> None:
+        self._each("job_processed", job, duration)
+
+    def job_duplicate(self, delivery: Delivery, consumer: str) -> None:
+        self._each("job_duplicate", delivery, consumer)
+
+    def job_retry(
+        self, delivery: Delivery, consumer: str, category: Category, delay: timedelta, error: str
+    ) -> None:
+        self._each("job_retry", delivery, consumer, category, delay, error)
+
+    def job_dead(
+        self,
+        delivery: Delivery,
+        consumer: str,
+        category: Category,
+        error: str,
+        dead_letter_id: int | None,
+    ) -> None:
+        self._each("job_dead", delivery, consumer, category, error, dead_letter_id)
+
+    def job_lost(self, delivery: Delivery, consumer: str) -> None:
+        self._each("job_lost", delivery, consumer)
+
+    async def after_commit(self, job: Job[Any]) -> None:
+        for observer in self.observers:
+            try:
+                await observer.after_commit(job)
+            except Exception:
+                log.exception("observer %s failed in after_commit", type(observer).__name__)

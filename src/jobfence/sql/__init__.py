@@ -1,0 +1,76 @@
+"""Named SQL, loaded once per dialect from ``<dialect>/queries.sql``; schema and migrations.
+
+No SQL is built from strings at run time: every runtime statement is a named block here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Literal, LiteralString
+
+Dialect = Literal["postgresql", "sqlite"]
+
+_SQLITE_MACROS = {
+    "{NOW}": "((julianday('now') - 2440587.5) * 86400.0)",
+    "{NOW_ISO}": "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+}
+
+_NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+def _read(dialect: Dialect, *parts: str) -> str:
+    return resources.files(__package__).joinpath(dialect, *parts).read_text(encoding="utf-8")
+
+
+@cache
+def queries(dialect: Dialect) -> dict[str, LiteralString]:
+    """All named queries of a dialect."""
+    text = _read(dialect, "queries.sql")
+    if dialect == "sqlite":
+        for macro, expansion in _SQLITE_MACROS.items():
+            text = text.replace(macro, expansion)
+    found: dict[str, LiteralString] = {}
+    matches = list(_NAME.finditer(text))
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        body = text[match.end() : end].strip()
+        if match.group(1) in found:
+            raise RuntimeError(f"duplicate query name {match.group(1)!r} in {dialect}")
+        found[match.group(1)] = body
+    return found
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: LiteralString
+
+
+@cache
+def migrations(dialect: Dialect) -> tuple[Migration, ...]:
+    """The numbered migrations of a dialect, in order."""
+    folder = resources.files(__package__).joinpath(dialect, "migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"(\d{4})_([a-z0-9_]+)\.sql", entry.name)
+        if match:
+            found.append(
+                Migration(
+                    int(match.group(1)),
+                    match.group(2),
+                    entry.read_text(encoding="utf-8"),
+                )
+            )
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"{dialect} migrations are not numbered 1..n: {versions}")
+    return tuple(found)
+
+
+def declared_schema(dialect: Dialect) -> LiteralString:
+    return _read(dialect, "schema.sql")

@@ -1,0 +1,172 @@
+-- Every runtime statement of jobfence on PostgreSQL, as named blocks ("-- name: x").
+-- Parameters use psycopg's %(name)s style. Loaded once by jobfence.sql.
+
+-- name: create_migrations_table
+CREATE SCHEMA IF NOT EXISTS core;
+CREATE TABLE IF NOT EXISTS core.schema_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: lock_migrations
+SELECT pg_advisory_xact_lock(7283611042)
+
+-- name: applied_migrations
+SELECT version FROM core.schema_migrations ORDER BY version
+
+-- name: record_migration
+INSERT INTO core.schema_migrations (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM core.schema_migrations
+
+-- name: schema_present
+SELECT to_regclass('core.schema_migrations') IS NOT NULL AS present
+
+-- name: enqueue
+INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at)
+VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s,
+        now() + make_interval(secs => %(delay)s))
+
+-- name: claim
+WITH candidates AS (
+    SELECT id FROM core.jobs
+    WHERE state = 'available' AND queue = ANY(%(queues)s) AND run_at <= now()
+    ORDER BY run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE core.jobs AS j SET
+    state = 'running',
+    attempts = j.attempts + 1,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => %(lease)s),
+    worker_id = %(worker_id)s
+FROM candidates AS c
+WHERE j.id = c.id
+RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
+          j.enqueued_at, j.lease_token, j.history
+
+-- name: next_run_at
+SELECT extract(epoch FROM (min(run_at) - now()))::float8 AS wait
+FROM core.jobs WHERE state = 'available' AND queue = ANY(%(queues)s)
+
+-- name: reap_expired
+WITH expired AS (
+    SELECT id FROM core.jobs
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE core.jobs AS j SET
+    state = 'available',
+    run_at = now(),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    history = j.history || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempts,
+        'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'category', 'TECHNICAL_ERROR',
+        'error', 'lease expired: the worker ' || coalesce(j.worker_id, '?')
+                 || ' stopped renewing it (killed or lost)')),
+    worker_id = NULL
+FROM expired AS e
+WHERE j.id = e.id
+RETURNING j.queue
+
+-- name: extend_leases
+UPDATE core.jobs SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+WHERE id IN (
+    SELECT id FROM core.jobs
+    WHERE id = ANY(%(ids)s) AND lease_token = ANY(%(tokens)s) AND state = 'running'
+    FOR UPDATE SKIP LOCKED
+)
+
+-- name: fence_and_ack
+WITH acked AS (
+    DELETE FROM core.jobs WHERE id = %(id)s AND lease_token = %(token)s RETURNING id
+), fenced AS (
+    INSERT INTO core.processed_jobs (consumer, job_id, expires_at)
+    SELECT %(consumer)s, %(job_id)s, now() + make_interval(secs => %(ttl)s) FROM acked
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM acked) AS acked, (SELECT count(*) FROM fenced) AS fenced
+
+-- name: fence
+INSERT INTO core.processed_jobs (consumer, job_id, expires_at)
+VALUES (%(consumer)s, %(job_id)s, now() + make_interval(secs => %(ttl)s))
+ON CONFLICT DO NOTHING
+RETURNING 1 AS fenced
+
+-- name: ack
+DELETE FROM core.jobs WHERE id = %(id)s AND lease_token = %(token)s RETURNING id
+
+-- name: retry
+UPDATE core.jobs SET
+    state = 'available',
+    run_at = now() + make_interval(secs => %(delay)s),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    worker_id = NULL,
+    history = history || jsonb_build_array(jsonb_build_object(
+        'attempt', attempts,
+        'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'category', %(category)s::text,
+        'error', %(error)s::text,
+        'retry_at', to_char((now() + make_interval(secs => %(delay)s)) AT TIME ZONE 'UTC',
+                            'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+WHERE id = %(id)s AND lease_token = %(token)s
+
+-- name: release
+UPDATE core.jobs SET
+    state = 'available',
+    run_at = now(),
+    attempts = greatest(attempts - %(refund)s, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    worker_id = NULL
+WHERE id = %(id)s AND lease_token = %(token)s
+
+-- name: now
+SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS now
+
+-- name: insert_dead_letter
+INSERT INTO core.dead_letters (
+    queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
+    attempts, error_category, error_code, last_error, history, enqueued_at)
+VALUES (
+    %(queue)s, %(consumer)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(payload_size)s,
+    %(payload_truncated)s, %(attempts)s, %(category)s, %(error_code)s, %(error)s,
+    %(history)s::jsonb || jsonb_build_array(jsonb_build_object(
+        'attempt', %(attempts)s::int,
+        'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'category', %(category)s::text,
+        'error', %(error)s::text)),
+    %(enqueued_at)s)
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: list_dead_letters
+SELECT id, queue, consumer, job_id, correlation_id, payload_size, payload_truncated,
+       attempts, error_category, error_code, last_error, status, enqueued_at, failed_at
+FROM core.dead_letters
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(category)s::text IS NULL OR error_category = %(category)s)
+ORDER BY failed_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: get_dead_letter
+SELECT id, queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
+       attempts, error_category, error_code, last_error, history, status, enqueued_at,
+       failed_at
+FROM core.dead_letters WHERE id = %(id)s
+
+-- name: queue_depth
+SELECT queue, state, count(*) AS jobs FROM core.jobs GROUP BY queue, state ORDER BY queue, state
+
+-- name: notify_queues
+SELECT pg_notify('jobfence_jobs', q) FROM unnest(%(queues)s::text[]) AS q

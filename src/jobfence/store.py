@@ -1,0 +1,298 @@
+"""The store: schema migrations, the fence, dead letters and enqueue — the SQL jobfence owns.
+
+One copy of each operation over :class:`jobfence.db.Database`; the driver executes, this
+module decides what.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .db import Database, Tx
+from .errors import Category, SchemaError
+from .jobs import AttemptRecord, Delivery
+from .sql import Dialect, migrations
+
+DEFAULT_PAYLOAD_LIMIT = 10 * 1024 * 1024
+
+
+class FenceOutcome(enum.Enum):
+    FENCED = "fenced"  # first time: run the handler
+    DUPLICATE = "duplicate"  # already processed: skip silently
+    LOST = "lost"  # our lease was taken over: another worker owns this delivery
+
+
+@dataclass(frozen=True)
+class OutgoingJob:
+    """A job on its way into a queue."""
+
+    queue: str
+    job_id: str
+    payload: bytes
+    correlation_id: str | None = None
+    delay: float = 0.0  # seconds
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "job_id": self.job_id,
+            "payload": self.payload,
+            "correlation_id": self.correlation_id,
+            "delay": float(self.delay),
+        }
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: int
+    queue: str
+    consumer: str
+    job_id: str
+    correlation_id: str | None
+    payload_size: int
+    payload_truncated: bool
+    attempts: int
+    error_category: str
+    error_code: str | None
+    last_error: str
+    status: str
+    enqueued_at: datetime | None
+    failed_at: datetime
+    payload: bytes | None = None
+    history: list[AttemptRecord] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready, without the payload."""
+        data = asdict(self)
+        data.pop("payload")
+        for key in ("enqueued_at", "failed_at"):
+            value = data[key]
+            data[key] = value.isoformat() if value is not None else None
+        return data
+
+
+def to_datetime(value: Any) -> datetime | None:
+    """A database time (timestamptz, or SQLite epoch seconds) as an aware datetime."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromtimestamp(float(value), tz=UTC)
+
+
+def from_datetime(dialect: Dialect, value: datetime | None) -> Any:
+    if value is None or dialect == "postgresql":
+        return value
+    return value.timestamp()
+
+
+def history_of(value: Any) -> list[AttemptRecord]:
+    items = json.loads(value) if isinstance(value, str | bytes) else (value or [])
+    return [AttemptRecord.from_json(item) for item in items if isinstance(item, dict)]
+
+
+class Store:
+    """Fence, dead letters, enqueue and migrations on one database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.dialect: Dialect = db.dialect
+
+    # -- migrations -------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply pending migrations; return the versions applied. Safe to run concurrently."""
+        applied: list[int] = []
+        async with self.db.transaction() as tx:
+            if self.dialect == "postgresql":
+                await tx.q("lock_migrations")
+            await tx.script(self.db.sql["create_migrations_table"])
+            done = {row["version"] for row in await tx.q("applied_migrations")}
+            for migration in migrations(self.dialect):
+                if migration.version in done:
+                    continue
+                await tx.script(migration.sql)
+                await tx.q(
+                    "record_migration", {"version": migration.version, "name": migration.name}
+                )
+                applied.append(migration.version)
+        return applied
+
+    async def schema_version(self) -> int:
+        present = await self.db.run("schema_present")
+        if not present or not present[0]["present"]:
+            return 0
+        rows = await self.db.run("schema_version")
+        return int(rows[0]["version"])
+
+    async def check_schema(self) -> None:
+        have = await self.schema_version()
+        need = len(migrations(self.dialect))
+        if have < need:
+            raise SchemaError(
+                f"the database {self.db.display} is at schema version {have}, this jobfence "
+                f"needs {need}: run `jobfence migrate --database-url {self.db.display}`"
+            )
+        if have > need:
+            raise SchemaError(
+                f"the database {self.db.display} is at schema version {have}, newer than this "
+                f"jobfence knows ({need}): upgrade jobfence"
+            )
+
+    # -- enqueue ----------------------------------------------------------------------------
+
+    async def enqueue(self, jobs: Sequence[OutgoingJob], tx: Tx | None = None) -> None:
+        params = [job.params() for job in jobs]
+        if tx is not None:
+            await self._enqueue_in(tx, params)
+            return
+        async with self.db.transaction() as own:
+            await self._enqueue_in(own, params)
+
+    async def _enqueue_in(self, tx: Tx, params: list[dict[str, Any]]) -> None:
+        if len(params) == 1:
+            await tx.q("enqueue", params[0])
+        else:
+            await tx.qmany("enqueue", params)
+
+    def enqueue_sync(self, conn: Any, jobs: Sequence[OutgoingJob]) -> None:
+        """Enqueue on a caller's *sync* connection (psycopg ``Connection`` or ``sqlite3``),
+        inside whatever transaction the caller has open; the caller commits."""
+        query = self.db.sql["enqueue"]
+        params = [job.params() for job in jobs]
+        if isinstance(conn, sqlite3.Connection):
+            if self.dialect != "sqlite":
+                raise TypeError("an sqlite3 connection cannot enqueue into a PostgreSQL store")
+            conn.executemany(query, params)
+            return
+        import psycopg
+
+        if isinstance(conn, psycopg.Connection):
+            if self.dialect != "postgresql":
+                raise TypeError("a psycopg connection cannot enqueue into a SQLite store")
+            with conn.cursor() as cur:
+                cur.executemany(query, params)
+            return
+        raise TypeError(
+            f"cannot enqueue on a {type(conn).__name__}; pass a psycopg Connection, an sqlite3 "
+            "Connection, or use `await app.enqueue(..., connection=...)` for async connections"
+        )
+
+    # -- the fence --------------------------------------------------------------------------
+
+    async def fence(
+        self, tx: Tx, consumer: str, delivery: Delivery, ttl: timedelta, *, ack: bool
+    ) -> FenceOutcome:
+        """Insert the fence row first thing in the work transaction (SPEC F2, F6).
+
+        With ``ack`` the queue row is deleted in the same statement/transaction, so the
+        acknowledgement commits or rolls back with the work. A parallel duplicate blocks on
+        the fence's unique key until the first transaction ends.
+        """
+        params = {
+            "consumer": consumer,
+            "job_id": delivery.job_id,
+            "ttl": ttl.total_seconds(),
+            "id": delivery.ref,
+            "token": delivery.token,
+        }
+        if ack and self.dialect == "postgresql":
+            row = (await tx.q("fence_and_ack", params))[0]
+            if not row["acked"]:
+                return FenceOutcome.LOST
+            return FenceOutcome.FENCED if row["fenced"] else FenceOutcome.DUPLICATE
+        if ack and not await tx.q("ack", params):
+            return FenceOutcome.LOST
+        return FenceOutcome.FENCED if await tx.q("fence", params) else FenceOutcome.DUPLICATE
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    async def write_dead_letter(
+        self,
+        delivery: Delivery,
+        consumer: str,
+        category: Category,
+        error: str,
+        code: str | None,
+        *,
+        ack: bool,
+        payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
+    ) -> int | None:
+        """Record a dead letter (idempotent: one pending letter per consumer and job_id).
+
+        With ``ack`` the queue row goes in the same transaction. Returns the new letter's id,
+        or None when a pending letter for this job already existed.
+        """
+        payload = delivery.payload
+        params = {
+            "id": delivery.ref,
+            "token": delivery.token,
+            "queue": delivery.queue,
+            "consumer": consumer,
+            "job_id": delivery.job_id,
+            "correlation_id": delivery.correlation_id,
+            "payload": payload[:payload_limit],
+            "payload_size": len(payload),
+            "payload_truncated": len(payload) > payload_limit,
+            "attempts": delivery.attempt,
+            "category": category.value,
+            "error_code": code,
+            "error": error,
+            "history": json.dumps([asdict(h) for h in delivery.history]),
+            "enqueued_at": from_datetime(self.dialect, delivery.enqueued_at),
+        }
+        async with self.db.transaction() as tx:
+            if ack:
+                await tx.q("ack", params)
+            rows = await tx.q("insert_dead_letter", params)
+        return int(rows[0]["id"]) if rows else None
+
+    async def list_dead_letters(
+        self,
+        *,
+        status: str | None = None,
+        queue: str | None = None,
+        category: str | None = None,
+        limit: int = 50,
+    ) -> list[DeadLetter]:
+        rows = await self.db.run(
+            "list_dead_letters",
+            {"status": status, "queue": queue, "category": category, "limit": limit},
+        )
+        return [self._dead_letter(row) for row in rows]
+
+    async def get_dead_letter(self, letter_id: int) -> DeadLetter | None:
+        rows = await self.db.run("get_dead_letter", {"id": letter_id})
+        return self._dead_letter(rows[0]) if rows else None
+
+    def _dead_letter(self, row: Mapping[str, Any]) -> DeadLetter:
+        failed_at = to_datetime(row["failed_at"])
+        assert failed_at is not None
+        payload = row.get("payload")
+        return DeadLetter(
+            id=int(row["id"]),
+            queue=row["queue"],
+            consumer=row["consumer"],
+            job_id=row["job_id"],
+            correlation_id=row["correlation_id"],
+            payload_size=int(row["payload_size"]),
+            payload_truncated=bool(row["payload_truncated"]),
+            attempts=int(row["attempts"]),
+            error_category=row["error_category"],
+            error_code=row["error_code"],
+            last_error=row["last_error"],
+            status=row["status"],
+            enqueued_at=to_datetime(row["enqueued_at"]),
+            failed_at=failed_at,
+            payload=bytes(payload) if payload is not None else None,
+            history=history_of(row["history"]) if "history" in row else [],
+        )
+
+    async def queue_depth(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.db.run("queue_depth")]

@@ -1,0 +1,66 @@
+"""The queue port: what the harness needs from any queue, database-backed or broker.
+
+A transport hands over :class:`~jobfence.jobs.Delivery` objects and is told, after the work
+transaction has committed (or failed), what happened to each. Semantics live in the harness;
+an adapter only moves messages.
+
+``shares_database`` is True for a queue that lives in the same database as the fence: then
+the acknowledgement is a statement inside the work transaction (see
+:meth:`jobfence.store.Store.fence`) and :meth:`ack` is used only for dead letters' twins.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from datetime import timedelta
+
+from ..errors import Category
+from ..jobs import Delivery
+from ..store import OutgoingJob
+
+
+class Transport(ABC):
+    """The queue port (SPEC Q1)."""
+
+    #: Human name for logs and docs ("postgresql", "sqlite", "rabbitmq", …).
+    name: str = "transport"
+    #: Acks can join the work transaction (the queue is a table in the fence's database).
+    shares_database: bool = False
+
+    async def open(self) -> None:
+        """Connect. Called once before use."""
+
+    async def close(self) -> None:
+        """Disconnect; pending deliveries come back to the queue by the broker's own rules."""
+
+    @abstractmethod
+    async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        """Put jobs on their queues (durably, before returning)."""
+
+    @abstractmethod
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        """Up to ``limit`` deliveries; wait at most ``timeout`` seconds when none is ready."""
+
+    @abstractmethod
+    async def ack(self, delivery: Delivery) -> None:
+        """The delivery is done (its effect committed, or it was dead-lettered)."""
+
+    @abstractmethod
+    async def retry(
+        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+    ) -> None:
+        """Deliver again after ``delay``, keeping the attempt count and adding to the history."""
+
+    @abstractmethod
+    async def release(self, delivery: Delivery, *, attempted: bool) -> None:
+        """Give a delivery back now (graceful shutdown); ``attempted=False`` refunds it."""
+
+    async def extend(self, deliveries: Sequence[Delivery]) -> None:
+        """Renew the leases of deliveries still being worked on (heartbeat)."""
+
+    async def maintenance(self) -> None:
+        """Periodic housekeeping (e.g. return jobs whose lease expired)."""
+
+    def wake(self) -> None:
+        """Stop a waiting :meth:`fetch` early (work was enqueued in this process, or we stop)."""

@@ -1,0 +1,167 @@
+"""The database queue: a table in PostgreSQL or SQLite (the default transports).
+
+Claims use ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite has a single writer). A claim
+takes a lease; a worker renews its leases while it works; leases that run out (a killed
+worker) are returned to the queue by any worker's maintenance, and that lost delivery counts
+as an attempt. Idle workers wake on PostgreSQL LISTEN/NOTIFY; SQLite workers poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from ..db import Database
+from ..errors import Category
+from ..jobs import Delivery
+from ..store import OutgoingJob, Store, history_of, to_datetime
+from . import Transport
+
+log = logging.getLogger("jobfence.transport")
+
+CHANNEL = "jobfence_jobs"
+
+
+class DatabaseQueue(Transport):
+    """Jobs as rows of ``core.jobs`` in the given database."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        shares_database: bool,
+        lease: timedelta = timedelta(seconds=30),
+        worker_id: str | None = None,
+        sqlite_poll: float = 0.05,
+    ) -> None:
+        self.db = db
+        self.store = Store(db)
+        self.name = db.dialect
+        self.shares_database = shares_database
+        self.lease = lease
+        self.worker_id = worker_id or f"{uuid.uuid4().hex[:12]}"
+        self._sqlite_poll = sqlite_poll
+        self._wake = asyncio.Event()
+        self._listened: set[str] = set()
+        self._listener: asyncio.Task[None] | None = None
+
+    def _queues_param(self, queues: Sequence[str]) -> Any:
+        return list(queues) if self.db.dialect == "postgresql" else json.dumps(list(queues))
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+
+    async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        await self.store.enqueue(jobs)
+        self.wake()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _listen(self) -> None:
+        async for queue in self.db.wakeups(CHANNEL):
+            if not queue or queue in self._listened:
+                self._wake.set()
+
+    async def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        rows = await self.db.run(
+            "claim",
+            {
+                "queues": self._queues_param(queues),
+                "limit": limit,
+                "lease": self.lease.total_seconds(),
+                "worker_id": self.worker_id,
+            },
+        )
+        return [
+            Delivery(
+                queue=row["queue"],
+                job_id=row["job_id"],
+                payload=bytes(row["payload"]),
+                attempt=int(row["attempts"]),
+                correlation_id=row["correlation_id"],
+                enqueued_at=to_datetime(row["enqueued_at"]),
+                history=history_of(row["history"]),
+                token=row["lease_token"],
+                ref=row["id"],
+            )
+            for row in rows
+        ]
+
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        if limit <= 0:
+            return []
+        if self.db.dialect == "postgresql" and self._listener is None:
+            self._listened = set(queues)
+            self._listener = asyncio.create_task(self._listen(), name="jobfence-listen")
+        self._wake.clear()
+        found = await self._claim(queues, limit)
+        if found:
+            return found
+        rows = await self.db.run("next_run_at", {"queues": self._queues_param(queues)})
+        wait = timeout
+        if rows and rows[0]["wait"] is not None:
+            wait = max(0.0, min(wait, float(rows[0]["wait"])))
+        if self.db.dialect == "sqlite":
+            # No notifications across processes: poll briefly (in-process enqueues wake us).
+            wait = min(wait, self._sqlite_poll)
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+        return await self._claim(queues, limit)
+
+    def _ref(self, delivery: Delivery) -> dict[str, Any]:
+        return {"id": delivery.ref, "token": delivery.token}
+
+    async def ack(self, delivery: Delivery) -> None:
+        await self.db.run("ack", self._ref(delivery))
+
+    async def retry(
+        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+    ) -> None:
+        await self.db.run(
+            "retry",
+            {
+                **self._ref(delivery),
+                "delay": delay.total_seconds(),
+                "category": category.value,
+                "error": error,
+            },
+        )
+
+    async def release(self, delivery: Delivery, *, attempted: bool) -> None:
+        await self.db.run("release", {**self._ref(delivery), "refund": 0 if attempted else 1})
+        self.wake()
+
+    async def extend(self, deliveries: Sequence[Delivery]) -> None:
+        if not deliveries:
+            return
+        ids = [d.ref for d in deliveries]
+        tokens = [d.token for d in deliveries]
+        if self.db.dialect == "sqlite":
+            params: dict[str, Any] = {"ids": json.dumps(ids), "tokens": json.dumps(tokens)}
+        else:
+            params = {"ids": ids, "tokens": tokens}
+        await self.db.run("extend_leases", {**params, "lease": self.lease.total_seconds()})
+
+    async def maintenance(self) -> None:
+        rows = await self.db.run("reap_expired", {"limit": 1000})
+        if rows:
+            queues = sorted({row["queue"] for row in rows})
+            log.warning(
+                "returned jobs whose lease expired (worker killed or lost)",
+                extra={"jobs": len(rows), "queues": queues},
+            )
+            if self.db.dialect == "postgresql":
+                await self.db.run("notify_queues", {"queues": queues})
+            self.wake()

@@ -1,0 +1,203 @@
+"""The worker: fetches deliveries and runs them through the harness, N at a time.
+
+Graceful shutdown (SPEC H4): on SIGTERM/SIGINT it stops fetching, lets in-flight jobs finish
+for ``shutdown_grace`` seconds, then cancels the rest (their transactions roll back and the
+jobs are handed back to the queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .harness import Harness, Outcome
+from .jobs import Delivery
+
+if TYPE_CHECKING:
+    from .app import App
+
+log = logging.getLogger("jobfence.worker")
+
+
+@dataclass
+class WorkerStats:
+    outcomes: dict[Outcome, int] = field(default_factory=lambda: dict.fromkeys(Outcome, 0))
+
+    @property
+    def handled(self) -> int:
+        return sum(self.outcomes.values())
+
+
+class Worker:
+    def __init__(
+        self,
+        app: App,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 10,
+        poll_interval: float = 2.0,
+        shutdown_grace: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.app = app
+        known = sorted(app.consumers)
+        wanted = list(queues) if queues else known
+        unknown = sorted(set(wanted) - set(known))
+        if unknown:
+            from .errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"no consumer for queue(s) {', '.join(unknown)}; this app consumes: "
+                f"{', '.join(known) or '(nothing: register one with @app.consumer)'}"
+            )
+        if not wanted:
+            from .errors import ConfigurationError
+
+            raise ConfigurationError("the app has no consumers; register one with @app.consumer")
+        self.queues = wanted
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.shutdown_grace = shutdown_grace
+        self.stats = WorkerStats()
+        self._stop = asyncio.Event()
+        self._inflight: dict[asyncio.Task[Outcome], Delivery] = {}
+
+    def request_stop(self) -> None:
+        """Stop fetching and shut down gracefully (what SIGTERM does)."""
+        if not self._stop.is_set():
+            log.info(
+                "shutdown requested: finishing in-flight jobs",
+                extra={"inflight": len(self._inflight)},
+            )
+        self._stop.set()
+        if self.app.is_open:
+            self.app.transport.wake()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
+        app = self.app
+        await app.open(pool_size=self.concurrency + 4)
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="jobfence-handler")
+        harness = Harness(
+            consumers=app.consumers,
+            db=app.db,
+            transport=app.transport,
+            observers=app.observers,
+            fence_ttl=app.fence_ttl,
+            payload_limit=app.payload_limit,
+            executor=executor,
+        )
+        background = [
+            asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
+            asyncio.create_task(self._maintenance(), name="jobfence-maintenance"),
+        ]
+        log.info(
+            "worker started",
+            extra={
+                "queues": self.queues,
+                "concurrency": self.concurrency,
+                "database": app.db.display,
+                "transport": app.transport.name,
+            },
+        )
+        try:
+            await self._loop(harness)
+            await self._drain()
+        finally:
+            for task in background:
+                task.cancel()
+            for task in background:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            executor.shutdown(wait=False, cancel_futures=True)
+            log.info("worker stopped", extra={"handled": self.stats.handled})
+        return self.stats
+
+    async def _loop(self, harness: Harness) -> None:
+        transport = self.app.transport
+        while not self._stop.is_set():
+            free = self.concurrency - len(self._inflight)
+            if free <= 0:
+                stop = asyncio.ensure_future(self._stop.wait())
+                await asyncio.wait([*self._inflight, stop], return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                continue
+            try:
+                deliveries = await transport.fetch(self.queues, free, self.poll_interval)
+            except Exception:
+                log.exception("fetch failed; retrying shortly")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+                continue
+            for delivery in deliveries:
+                if self._stop.is_set():
+                    await self._give_back(delivery)
+                    continue
+                task = asyncio.create_task(harness.handle(delivery))
+                self._inflight[task] = delivery
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Outcome]) -> None:
+        self._inflight.pop(task, None)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:  # the harness handles everything; this is a bug if it happens
+            log.error("harness raised", exc_info=exc)
+            return
+        self.stats.outcomes[task.result()] += 1
+
+    async def _give_back(self, delivery: Delivery) -> None:
+        try:
+            await self.app.transport.release(delivery, attempted=False)
+        except Exception:
+            log.exception("could not release a job on shutdown; its lease will expire")
+
+    async def _drain(self) -> None:
+        if not self._inflight:
+            return
+        _, pending = await asyncio.wait(list(self._inflight), timeout=self.shutdown_grace)
+        if pending:
+            log.warning(
+                "shutdown grace period over: cancelling in-flight jobs (they are handed back)",
+                extra={"jobs": len(pending)},
+            )
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending)
+
+    async def _heartbeat(self) -> None:
+        interval = max(self.app.lease.total_seconds() / 3, 0.2)
+        while True:
+            await asyncio.sleep(interval)
+            if self._inflight:
+                try:
+                    await self.app.transport.extend(list(self._inflight.values()))
+                except Exception:
+                    log.exception("lease renewal failed")
+
+    async def _maintenance(self) -> None:
+        interval = max(min(self.app.lease.total_seconds() / 2, 5.0), 0.2)
+        while True:
+            try:
+                await self.app.transport.maintenance()
+            except Exception:
+                log.exception("queue maintenance failed")
+            await asyncio.sleep(interval)

@@ -1,0 +1,109 @@
+"""Shared fixtures: a fresh PostgreSQL database per test (cloned from a migrated template)
+and a fresh SQLite file per test. Real servers only; nothing is mocked."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from jobfence.config import parse_database_url
+from jobfence.db import connect
+from jobfence.store import Store
+
+PG_ADMIN = os.environ.get("JOBFENCE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def pg_url(dbname: str) -> str:
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    return f"{base}/{dbname}"
+
+
+def _admin(sql: str) -> None:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(sql)  # type: ignore[arg-type]
+
+
+def create_pg_database(template: str | None = None) -> str:
+    name = f"jf_test_{uuid.uuid4().hex[:12]}"
+    _admin(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+    return name
+
+
+def drop_pg_database(name: str) -> None:
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _migrate(url: str) -> None:
+    db = connect(parse_database_url(url))
+    await db.open(max_size=1)
+    try:
+        await Store(db).migrate()
+    finally:
+        await db.close()
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    """A migrated database that every test's database is cloned from."""
+    name = create_pg_database()
+    try:
+        asyncio.run(_migrate(pg_url(name)))
+        yield name
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture
+def pg_database(pg_template: str) -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database, dropped after the test."""
+    name = create_pg_database(pg_template)
+    try:
+        yield pg_url(name)
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture
+def empty_pg_database() -> Iterator[str]:
+    name = create_pg_database()
+    try:
+        yield pg_url(name)
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture
+def sqlite_database(tmp_path: object) -> str:
+    """URL of a fresh SQLite file (migrated on first open)."""
+    path = os.path.join(str(tmp_path), f"jf-{uuid.uuid4().hex[:8]}.db")
+    asyncio.run(_migrate(f"sqlite:///{path}"))
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """Each test using this runs on both stores."""
+    if request.param == "postgresql":
+        return str(request.getfixturevalue("pg_database"))
+    return str(request.getfixturevalue("sqlite_database"))
+
+
+@pytest.fixture
+async def ledger(database_url: str) -> str:
+    """Create the test ledger table (the handlers' "effect") in the database under test."""
+    db = connect(parse_database_url(database_url))
+    await db.open(max_size=1)
+    try:
+        async with db.transaction() as tx:
+            await tx.execute(
+                "CREATE TABLE ledger (job_id TEXT NOT NULL, member_id TEXT NOT NULL, "
+                "points INTEGER NOT NULL)"
+            )
+    finally:
+        await db.close()
+    return database_url

@@ -1,0 +1,102 @@
+"""Test helpers: polling with a deadline (never fixed sleeps), ledger queries, workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from jobfence import App, Tx
+from jobfence.config import parse_database_url
+from jobfence.db import connect
+
+T = TypeVar("T")
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T]] | Callable[[], T],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.02,
+    what: str = "condition",
+) -> T:
+    """Poll ``check`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        last = result
+        if result:
+            return result  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+        await asyncio.sleep(interval)
+
+
+def wait_until(check: Callable[[], Any], *, timeout: float = 20.0, what: str = "condition") -> Any:
+    """Synchronous twin of :func:`eventually` for subprocess tests."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={result!r}")
+        time.sleep(0.02)
+
+
+def ph(dialect: str) -> str:
+    return "%s" if dialect == "postgresql" else "?"
+
+
+async def query(url: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    """Run one query on its own connection (outside any app)."""
+    db = connect(parse_database_url(url))
+    await db.open(max_size=1)
+    try:
+        async with db.transaction() as tx:
+            return await tx.fetchall(sql.replace("{p}", ph(db.dialect)), params)
+    finally:
+        await db.close()
+
+
+async def scalar(url: str, sql: str, params: Any = ()) -> Any:
+    rows = await query(url, sql, params)
+    return rows[0][0]
+
+
+def table(url: str, name: str) -> str:
+    """A jobfence table's name in a dialect: core.x on PostgreSQL, core_x on SQLite."""
+    return f"core.{name}" if url.startswith("postgresql") else f"core_{name}"
+
+
+async def credit(tx: Tx, job_id: str, member: str, points: int) -> None:
+    p = ph(tx.dialect)
+    await tx.execute(
+        f"INSERT INTO ledger (job_id, member_id, points) VALUES ({p}, {p}, {p})",
+        (job_id, member, points),
+    )
+
+
+class RunningWorker:
+    """A worker running in the background of the test's event loop."""
+
+    def __init__(self, app: App, **kwargs: Any) -> None:
+        self.worker = app.worker(**kwargs)
+        self.task: asyncio.Task[Any] | None = None
+
+    async def __aenter__(self) -> RunningWorker:
+        self.task = asyncio.create_task(self.worker.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.worker.request_stop()
+        assert self.task is not None
+        await asyncio.wait_for(self.task, timeout=60)
+
+    @property
+    def stats(self) -> Any:
+        return self.worker.stats
