@@ -22,7 +22,7 @@ from .metrics import MetricsObserver
 from .observers import Observer, Observers
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import DEFAULT_PAYLOAD_LIMIT, OutgoingJob, Store
-from .transports import Transport
+from .transports import Transport, broker_from_url, is_broker_url
 from .transports.database import DatabaseQueue
 
 H = TypeVar("H", bound=Handler)
@@ -86,9 +86,9 @@ class App:
         self.payload_limit = payload_limit
         self.auto_migrate = self.url.dialect == "sqlite" if auto_migrate is None else auto_migrate
         self.consumers: dict[str, Consumer] = {}
-        self._transport_spec = transport
-        if isinstance(transport, str):
-            parse_database_url(transport)  # fail early on a bad URL
+        self._transport_spec: str | Transport | None = None
+        if transport is not None:
+            self.use_transport(transport)
         self._extra_observers = list(observers)
         self.observers = Observers([])
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -104,6 +104,21 @@ class App:
             raise ConfigurationError("cannot change the database of an open app")
         self.url = parse_database_url(database_url)
         self.auto_migrate = self.url.dialect == "sqlite"
+
+    def use_transport(self, transport: str | Transport) -> None:
+        """Set the queue: a broker URL (amqp://, nats://, redis://), another database URL, or
+        a :class:`~jobfence.transports.Transport`. The fence and dead letters stay in the
+        database."""
+        if self.is_open:
+            raise ConfigurationError("cannot change the transport of an open app")
+        if isinstance(transport, str):
+            if not is_broker_url(transport):
+                parse_database_url(transport)  # fail early, in one line, on a bad URL
+        elif not isinstance(transport, Transport):
+            raise ConfigurationError(
+                f"transport must be a URL or a Transport, got {type(transport).__name__}"
+            )
+        self._transport_spec = transport
 
     # -- registration -----------------------------------------------------------------------
 
@@ -207,6 +222,10 @@ class App:
         if isinstance(spec, Transport):
             await spec.open()
             return spec
+        if spec is not None and is_broker_url(spec):
+            broker = broker_from_url(spec, lease=self.lease, worker_id=self.worker_id)
+            await broker.open()
+            return broker
         if spec is None or parse_database_url(spec).target == self.url.target:
             return DatabaseQueue(
                 db, shares_database=True, lease=self.lease, worker_id=self.worker_id

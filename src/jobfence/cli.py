@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .config import ENV_DATABASE_URL
+from .config import ENV_DATABASE_URL, ENV_TRANSPORT_URL
 from .errors import Category, JobfenceError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,6 +35,17 @@ def database_option(func: F) -> F:
         show_envvar=True,
         default=None,
         help="postgresql://… or sqlite:///file.db (default: sqlite:///jobfence.db).",
+    )(func)
+
+
+def transport_option(func: F) -> F:
+    return click.option(
+        "--transport",
+        envvar=ENV_TRANSPORT_URL,
+        show_envvar=True,
+        default=None,
+        help="Queue URL if not the database: amqp://…, nats://…, redis://…, or another "
+        "postgresql:// / sqlite:/// database. Fence and dead letters stay in --database-url.",
     )(func)
 
 
@@ -101,6 +112,7 @@ def _queue_list(value: str | None) -> list[str] | None:
 @main_group.command()
 @click.argument("app_spec", metavar="APP")
 @database_option
+@transport_option
 @click.option("--queues", "-q", help="Comma-separated queues to consume (default: all of APP's).")
 @click.option(
     "--concurrency",
@@ -136,6 +148,7 @@ def _queue_list(value: str | None) -> list[str] | None:
 def worker(
     app_spec: str,
     database_url: str | None,
+    transport: str | None,
     queues: str | None,
     concurrency: int,
     metrics_port: int | None,
@@ -152,6 +165,8 @@ def worker(
     app = load_app(app_spec)
     if database_url:
         app.use_database(database_url)
+    if transport:
+        app.use_transport(transport)
     w = app.worker(
         queues=_queue_list(queues), concurrency=concurrency, shutdown_grace=shutdown_grace
     )
@@ -175,6 +190,7 @@ def worker(
 @main_group.command()
 @click.argument("queue")
 @database_option
+@transport_option
 @click.option("--payload", "-p", required=True, help="The job's payload as JSON ('-' reads stdin).")
 @click.option("--job-id", help="Idempotency key of the job (default: a new UUID).")
 @click.option("--correlation-id", help="Carried through logs and dead letters.")
@@ -183,6 +199,7 @@ def worker(
 def enqueue(
     queue: str,
     database_url: str | None,
+    transport: str | None,
     payload: str,
     job_id: str | None,
     correlation_id: str | None,
@@ -204,7 +221,7 @@ def enqueue(
                 f"not valid JSON ({exc}); pass --raw to enqueue it as bytes anyway",
                 param_hint="--payload",
             ) from None
-    app = App(database_url)
+    app = App(database_url, transport=transport)
 
     async def go() -> str:
         async with app:

@@ -25,21 +25,32 @@ def _read(dialect: Dialect, *parts: str) -> str:
     return resources.files(__package__).joinpath(dialect, *parts).read_text(encoding="utf-8")
 
 
+def _parts(dialect: Dialect, stem: str) -> list[str]:
+    """``<stem>.sql`` then every ``<stem>_<feature>.sql`` of a dialect, in name order."""
+    folder = resources.files(__package__).joinpath(dialect)
+    extra = sorted(
+        entry.name
+        for entry in folder.iterdir()
+        if entry.name.startswith(f"{stem}_") and entry.name.endswith(".sql")
+    )
+    return [f"{stem}.sql", *extra]
+
+
 @cache
 def queries(dialect: Dialect) -> dict[str, LiteralString]:
-    """All named queries of a dialect."""
-    text = _read(dialect, "queries.sql")
-    if dialect == "sqlite":
-        for macro, expansion in _SQLITE_MACROS.items():
-            text = text.replace(macro, expansion)
+    """All named queries of a dialect (``queries.sql`` and ``queries_<feature>.sql``)."""
     found: dict[str, LiteralString] = {}
-    matches = list(_NAME.finditer(text))
-    for index, match in enumerate(matches):
-        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
-        body = text[match.end() : end].strip()
-        if match.group(1) in found:
-            raise RuntimeError(f"duplicate query name {match.group(1)!r} in {dialect}")
-        found[match.group(1)] = body
+    for part in _parts(dialect, "queries"):
+        text = _read(dialect, part)
+        if dialect == "sqlite":
+            for macro, expansion in _SQLITE_MACROS.items():
+                text = text.replace(macro, expansion)
+        matches = list(_NAME.finditer(text))
+        for index, match in enumerate(matches):
+            end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+            if match.group(1) in found:
+                raise RuntimeError(f"duplicate query name {match.group(1)!r} in {dialect}/{part}")
+            found[match.group(1)] = text[match.end() : end].strip()
     return found
 
 
@@ -73,4 +84,5 @@ def migrations(dialect: Dialect) -> tuple[Migration, ...]:
 
 
 def declared_schema(dialect: Dialect) -> LiteralString:
-    return _read(dialect, "schema.sql")
+    """The declared schema: ``schema.sql`` then every ``schema_<feature>.sql``."""
+    return "\n".join(_read(dialect, part) for part in _parts(dialect, "schema"))

@@ -64,3 +64,52 @@ class Transport(ABC):
 
     def wake(self) -> None:
         """Stop a waiting :meth:`fetch` early (work was enqueued in this process, or we stop)."""
+
+
+#: Broker URL schemes and the adapter class that serves each (module:Class), imported lazily
+#: so that a broker's client library is needed only when that broker is used.
+BROKERS: dict[str, tuple[str, str]] = {
+    "amqp": ("jobfence.transports.rabbitmq:RabbitMQTransport", "rabbitmq"),
+    "amqps": ("jobfence.transports.rabbitmq:RabbitMQTransport", "rabbitmq"),
+    "nats": ("jobfence.transports.nats:NatsTransport", "nats"),
+    "tls": ("jobfence.transports.nats:NatsTransport", "nats"),
+    "redis": ("jobfence.transports.redis:RedisTransport", "redis"),
+    "rediss": ("jobfence.transports.redis:RedisTransport", "redis"),
+}
+
+
+def url_scheme(url: str) -> str:
+    return url.partition("://")[0].lower() if "://" in url else ""
+
+
+def is_broker_url(url: str) -> bool:
+    return url_scheme(url) in BROKERS
+
+
+def broker_from_url(url: str, *, lease: timedelta, worker_id: str) -> Transport:
+    """The broker adapter for ``url`` (amqp://, nats://, redis://), not yet opened.
+
+    Each adapter class provides ``from_url(url, *, lease, worker_id)``.
+    """
+    import importlib
+
+    from ..errors import ConfigurationError
+
+    scheme = url_scheme(url)
+    if scheme not in BROKERS:
+        raise ConfigurationError(
+            f"unsupported transport URL scheme {scheme!r}; use postgresql://, sqlite:///, "
+            "amqp://, nats:// or redis://"
+        )
+    target, extra = BROKERS[scheme]
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the {extra} transport needs its client library: pip install 'jobfence[{extra}]' "
+            f"({exc})"
+        ) from None
+    cls = getattr(module, class_name)
+    transport: Transport = cls.from_url(url, lease=lease, worker_id=worker_id)
+    return transport
