@@ -93,10 +93,9 @@ def database_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("sqlite_database"))
 
 
-@pytest.fixture
-async def ledger(database_url: str) -> str:
-    """Create the test ledger table (the handlers' "effect") in the database under test."""
-    db = connect(parse_database_url(database_url))
+async def make_ledger(url: str) -> str:
+    """Create the test ledger table (the handlers' "effect") in the database at ``url``."""
+    db = connect(parse_database_url(url))
     await db.open(max_size=1)
     try:
         async with db.transaction() as tx:
@@ -106,4 +105,16 @@ async def ledger(database_url: str) -> str:
             )
     finally:
         await db.close()
-    return database_url
+    return url
+
+
+@pytest.fixture
+async def ledger(database_url: str) -> str:
+    """The database under test (both stores), with a ledger table."""
+    return await make_ledger(database_url)
+
+
+@pytest.fixture
+async def pg_ledger(pg_database: str) -> str:
+    """A PostgreSQL database with a ledger table (for PostgreSQL-only behaviour)."""
+    return await make_ledger(pg_database)

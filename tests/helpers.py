@@ -100,3 +100,38 @@ class RunningWorker:
     @property
     def stats(self) -> Any:
         return self.worker.stats
+
+
+REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def start_worker(app_spec: str, env: dict[str, str], log_path: Any, *args: str) -> Any:
+    """Start ``jobfence worker APP`` as a real subprocess (killable with SIGKILL)."""
+    import os
+    import subprocess
+    import sys
+
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    log = open(log_path, "ab")  # noqa: SIM115 - closed by the process' end
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobfence.cli", "worker", app_spec, "--log-level", "DEBUG", *args],
+        cwd=REPO,
+        env=full_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def stop_process(proc: Any, timeout: float = 30) -> int:
+    """SIGTERM and wait; SIGKILL if it does not stop. Returns the exit code."""
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)

@@ -86,9 +86,6 @@ class App:
         self.payload_limit = payload_limit
         self.auto_migrate = self.url.dialect == "sqlite" if auto_migrate is None else auto_migrate
         self.consumers: dict[str, Consumer] = {}
-        self._transport_spec: str | Transport | None = None
-        if transport is not None:
-            self.use_transport(transport)
         self._extra_observers = list(observers)
         self.observers = Observers([])
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -96,6 +93,9 @@ class App:
         self._transport: Transport | None = None
         self._owned: list[Database] = []
         self._open_lock: asyncio.Lock | None = None
+        self._transport_spec: str | Transport | None = None
+        if transport is not None:
+            self.use_transport(transport)
         self._check_ttl()
 
     def use_database(self, database_url: str) -> None:

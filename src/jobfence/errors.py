@@ -205,7 +205,7 @@ def classify(exc: BaseException) -> Category:
         return exc.category
     if isinstance(exc, Retry):
         return Category.TEMPORARY_ERROR
-    if isinstance(exc, _TEMPORARY_DB_ERRORS | DatabaseUnavailable):
+    if isinstance(exc, (*_TEMPORARY_DB_ERRORS, DatabaseUnavailable)):
         return Category.TEMPORARY_ERROR
     if isinstance(exc, sqlite3.OperationalError):
         # "database is locked", "disk I/O error": the store could not do it now.
@@ -238,5 +238,6 @@ def clean_text(text: str, limit: int = 4000) -> str:
     # lone surrogates cannot be encoded as UTF-8 either
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) > limit:
-        text = text[: limit - 12] + " …[truncated]"
+        suffix = " …[truncated]"
+        text = text[: limit - len(suffix)] + suffix
     return text

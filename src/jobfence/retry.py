@@ -88,9 +88,12 @@ class RetryPolicy:
         """Upper bound ``d`` of the delay before retry ``retry_number`` (1-based)."""
         if retry_number < 1:
             raise ValueError("retry numbers start at 1")
-        # avoid float overflow on absurd retry numbers: the cap is reached long before
-        exponent = min(retry_number - 1, 64)
-        return min(self.cap, self.base * (1 << exponent))
+        # compare in float seconds: base * 2**n overflows timedelta long before it overflows
+        # a float, and the cap is reached long before either
+        grown = self.base.total_seconds() * 2.0 ** min(retry_number - 1, 1000)
+        if grown >= self.cap.total_seconds():
+            return self.cap
+        return self.base * (1 << (retry_number - 1))
 
     def delay(self, retry_number: int, rng: Callable[[], float] = random.random) -> timedelta:
         """The delay before retry ``retry_number``: uniform in ``[d/2, d]``."""

@@ -131,7 +131,6 @@ class Worker:
         return self.stats
 
     async def _loop(self, harness: Harness) -> None:
-        transport = self.app.transport
         while not self._stop.is_set():
             free = self.concurrency - len(self._inflight)
             if free <= 0:
@@ -140,7 +139,7 @@ class Worker:
                 stop.cancel()
                 continue
             try:
-                deliveries = await transport.fetch(self.queues, free, self.poll_interval)
+                deliveries = await self._fetch(free)
             except Exception:
                 log.exception("fetch failed; retrying shortly")
                 with contextlib.suppress(TimeoutError):
@@ -153,6 +152,25 @@ class Worker:
                 task = asyncio.create_task(harness.handle(delivery))
                 self._inflight[task] = delivery
                 task.add_done_callback(self._done)
+
+    async def _fetch(self, limit: int) -> list[Delivery]:
+        """Fetch, but give up as soon as a stop is requested (a fetch may be queued behind a
+        long transaction, e.g. SQLite's single writer)."""
+        fetch = asyncio.ensure_future(
+            self.app.transport.fetch(self.queues, limit, self.poll_interval)
+        )
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait([fetch, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if fetch.done():
+            return fetch.result()
+        fetch.cancel()
+        try:
+            return await fetch  # it may have claimed just before the cancellation landed
+        except asyncio.CancelledError:
+            return []
 
     def _done(self, task: asyncio.Task[Outcome]) -> None:
         self._inflight.pop(task, None)

@@ -1,0 +1,71 @@
+"""Classification of real exceptions onto the taxonomy (SPEC R4)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+
+import psycopg
+import psycopg.errors
+import pytest
+
+import jobfence
+from jobfence.errors import TAXONOMY, Category, DatabaseUnavailable, RetryMode, classify, describe
+
+
+@pytest.mark.parametrize(
+    ("exc", "category"),
+    [
+        (psycopg.errors.SerializationFailure("could not serialize"), Category.TEMPORARY_ERROR),
+        (psycopg.errors.DeadlockDetected("deadlock"), Category.TEMPORARY_ERROR),
+        (psycopg.OperationalError("server closed the connection"), Category.TEMPORARY_ERROR),
+        (psycopg.errors.AdminShutdown("terminating connection"), Category.TEMPORARY_ERROR),
+        (psycopg.InterfaceError("the connection is closed"), Category.TEMPORARY_ERROR),
+        (sqlite3.OperationalError("database is locked"), Category.TEMPORARY_ERROR),
+        (TimeoutError(), Category.TEMPORARY_ERROR),
+        (asyncio.TimeoutError(), Category.TEMPORARY_ERROR),
+        (ConnectionResetError(), Category.TEMPORARY_ERROR),
+        (DatabaseUnavailable("down"), Category.TEMPORARY_ERROR),
+        (psycopg.errors.UniqueViolation("dup"), Category.TECHNICAL_ERROR),
+        (ValueError("bad"), Category.TECHNICAL_ERROR),
+        (ZeroDivisionError(), Category.TECHNICAL_ERROR),
+        (jobfence.BusinessError("over limit"), Category.BUSINESS_ERROR),
+        (jobfence.IntegrationError("ERP 422"), Category.INTEGRATION_ERROR),
+        (jobfence.AuthorizationError("403"), Category.AUTHORIZATION_ERROR),
+        (jobfence.Retry(1), Category.TEMPORARY_ERROR),
+    ],
+)
+def test_classify(exc: BaseException, category: Category) -> None:
+    assert classify(exc) is category
+
+
+def test_taxonomy_table_matches_the_spec() -> None:
+    """Retry, HTTP status, log level and alert for every category (seed 004 §10.4)."""
+    expected = {
+        "VALIDATION_ERROR": (RetryMode.NEVER, (422,), logging.WARNING, False),
+        "BUSINESS_ERROR": (RetryMode.NEVER, (422, 409), logging.WARNING, False),
+        "TEMPORARY_ERROR": (RetryMode.POLICY, (502, 504), logging.ERROR, True),
+        "INTEGRATION_ERROR": (RetryMode.NEVER, (422,), logging.ERROR, True),
+        "AUTHENTICATION_ERROR": (RetryMode.TOKEN_REFRESH, (401,), logging.ERROR, True),
+        "AUTHORIZATION_ERROR": (RetryMode.NEVER, (403,), logging.ERROR, True),
+        "TECHNICAL_ERROR": (RetryMode.LIMITED, (500,), logging.ERROR, True),
+        "NON_RETRYABLE_ERROR": (RetryMode.NEVER, (422, 500), logging.CRITICAL, True),
+    }
+    actual = {c.value: (i.retry, i.http_status, i.log_level, i.alert) for c, i in TAXONOMY.items()}
+    assert actual == expected
+
+
+def test_describe_makes_errors_storable() -> None:
+    text = describe(ValueError("nul\x00 and \ud800 surrogate" + "x" * 5000))
+    assert "\x00" not in text
+    text.encode("utf-8")  # no lone surrogates left
+    assert len(text) <= 4000
+    assert text.startswith("ValueError: nul\\x00")
+
+
+def test_public_api_is_curated() -> None:
+    assert sorted(jobfence.__all__) == sorted(
+        name for name in jobfence.__all__ if hasattr(jobfence, name)
+    )
+    assert {"App", "Job", "Tx", "RetryPolicy", "Retry", "TemporaryError"} <= set(jobfence.__all__)

@@ -1,0 +1,153 @@
+"""The numbered migrations produce exactly the declared schema, on both dialects; migrate is
+idempotent and safe to run concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobfence import App, SchemaError
+from jobfence.config import parse_database_url
+from jobfence.db import Database, connect
+from jobfence.sql import declared_schema, migrations
+from jobfence.store import Store
+
+PG_CATALOG = """
+SELECT 'column', table_schema || '.' || table_name || '.' || column_name,
+       concat_ws('|', data_type, is_nullable, column_default, is_identity, ordinal_position)
+  FROM information_schema.columns WHERE table_schema = 'core'
+UNION ALL
+SELECT 'constraint', conrelid::regclass::text || '.' || conname, pg_get_constraintdef(c.oid)
+  FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = 'core'
+UNION ALL
+SELECT 'index', schemaname || '.' || indexname, indexdef FROM pg_indexes WHERE schemaname = 'core'
+UNION ALL
+SELECT 'trigger', tgrelid::regclass::text || '.' || tgname, pg_get_triggerdef(t.oid)
+  FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid
+  JOIN pg_namespace n ON n.oid = r.relnamespace WHERE n.nspname = 'core' AND NOT t.tgisinternal
+UNION ALL
+SELECT 'function', p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
+       pg_get_functiondef(p.oid)
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'core'
+UNION ALL
+SELECT 'view', schemaname || '.' || viewname, definition FROM pg_views WHERE schemaname = 'core'
+UNION ALL
+SELECT 'sequence', sequence_schema || '.' || sequence_name,
+       concat_ws('|', data_type, start_value, increment)
+  FROM information_schema.sequences WHERE sequence_schema = 'core'
+ORDER BY 1, 2
+"""
+
+
+async def _open(url: str) -> Database:
+    db = connect(parse_database_url(url))
+    await db.open(max_size=2)
+    return db
+
+
+async def _pg_catalog(url: str) -> list[tuple[Any, ...]]:
+    db = await _open(url)
+    try:
+        async with db.transaction() as tx:
+            return await tx.fetchall(PG_CATALOG)
+    finally:
+        await db.close()
+
+
+def _normal_sql(sql: str | None) -> str:
+    sql = re.sub(r"--[^\n]*", "", sql or "")
+    return re.sub(r"\s+", " ", sql).strip()
+
+
+async def _sqlite_catalog(url: str) -> list[tuple[Any, ...]]:
+    db = await _open(url)
+    try:
+        async with db.transaction() as tx:
+            objects = await tx.fetchall(
+                "SELECT type, name, tbl_name, sql FROM sqlite_master "
+                "WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name"
+            )
+            result: list[tuple[Any, ...]] = [(t, n, tb, _normal_sql(s)) for t, n, tb, s in objects]
+            for kind, name, _, _ in objects:
+                if kind == "table":
+                    for column in await tx.fetchall(f"PRAGMA table_info('{name}')"):
+                        result.append(("column", name, *column))
+            return result
+    finally:
+        await db.close()
+
+
+async def _apply_declared(url: str) -> None:
+    db = await _open(url)
+    try:
+        async with db.transaction() as tx:
+            await tx.script(declared_schema(db.dialect))
+    finally:
+        await db.close()
+
+
+async def _migrate(url: str) -> list[int]:
+    db = await _open(url)
+    try:
+        return await Store(db).migrate()
+    finally:
+        await db.close()
+
+
+async def test_postgresql_migrations_equal_the_declared_schema(empty_pg_database: str) -> None:
+    from .conftest import create_pg_database, drop_pg_database, pg_url
+
+    applied = await _migrate(empty_pg_database)
+    assert applied == [m.version for m in migrations("postgresql")]
+    other = create_pg_database()
+    try:
+        await _apply_declared(pg_url(other))
+        declared = await _pg_catalog(pg_url(other))
+    finally:
+        drop_pg_database(other)
+    migrated = await _pg_catalog(empty_pg_database)
+    assert len(migrated) > 20
+    assert migrated == declared
+
+
+async def test_sqlite_migrations_equal_the_declared_schema(tmp_path: Path) -> None:
+    migrated_url = f"sqlite:///{tmp_path / 'migrated.db'}"
+    declared_url = f"sqlite:///{tmp_path / 'declared.db'}"
+    assert await _migrate(migrated_url) == [m.version for m in migrations("sqlite")]
+    await _apply_declared(declared_url)
+    migrated = await _sqlite_catalog(migrated_url)
+    assert len(migrated) > 20
+    assert migrated == await _sqlite_catalog(declared_url)
+
+
+async def test_migrate_is_idempotent(database_url: str) -> None:
+    """The fixtures' databases are migrated already: migrating again applies nothing."""
+    assert await _migrate(database_url) == []
+    app = App(database_url)
+    assert await app.migrate() == []
+    async with app:
+        assert await app.store.schema_version() == len(migrations(app.url.dialect))
+
+
+async def test_concurrent_migrations_apply_once(empty_pg_database: str) -> None:
+    results = await asyncio.gather(*(_migrate(empty_pg_database) for _ in range(4)))
+    everything = [m.version for m in migrations("postgresql")]
+    assert sorted(results, key=len) == [[], [], [], everything]
+
+
+async def test_postgresql_app_refuses_an_unmigrated_database(empty_pg_database: str) -> None:
+    app = App(empty_pg_database)
+    with pytest.raises(SchemaError, match="run `jobfence migrate"):
+        await app.open()
+    assert not app.is_open
+
+
+async def test_sqlite_app_migrates_a_new_file_itself(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / f'{uuid.uuid4().hex}.db'}"
+    async with App(url) as app:
+        assert await app.store.schema_version() == len(migrations("sqlite"))
