@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
 
@@ -24,7 +23,7 @@ from jobfence.errors import TAXONOMY, Category, DatabaseUnavailable, RetryMode, 
         (psycopg.InterfaceError("the connection is closed"), Category.TEMPORARY_ERROR),
         (sqlite3.OperationalError("database is locked"), Category.TEMPORARY_ERROR),
         (TimeoutError(), Category.TEMPORARY_ERROR),
-        (asyncio.TimeoutError(), Category.TEMPORARY_ERROR),
+        (TimeoutError(), Category.TEMPORARY_ERROR),
         (ConnectionResetError(), Category.TEMPORARY_ERROR),
         (DatabaseUnavailable("down"), Category.TEMPORARY_ERROR),
         (psycopg.errors.UniqueViolation("dup"), Category.TECHNICAL_ERROR),
