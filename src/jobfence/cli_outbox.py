@@ -1,0 +1,268 @@
+"""``jobfence relay`` and ``jobfence outbox list|show|redrive|cleanup`` (SPEC O1–O3).
+
+Thin over :mod:`jobfence.outbox`: the ops API routes call the same functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import json
+import re
+from datetime import timedelta
+from typing import Any
+
+import click
+from rich.table import Table
+
+from . import outbox
+from .cli import console, database_option, load_app, main_group, run, transport_option
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: Any) -> timedelta | None:
+    """``90``, ``90s``, ``15m``, ``24h`` or ``7d`` → timedelta."""
+    if value is None or isinstance(value, timedelta):
+        return value
+    match = _DURATION.match(str(value))
+    if not match:
+        raise click.BadParameter(f"{value!r} is not a duration such as 30s, 15m, 24h or 7d")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds <= 0:
+        raise click.BadParameter("a duration must be positive")
+    return timedelta(seconds=seconds)
+
+
+def _log_options(func: Any) -> Any:
+    func = click.option(
+        "--log-format", type=click.Choice(["console", "json"]), default="console", show_default=True
+    )(func)
+    return click.option(
+        "--log-level",
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+        default="INFO",
+        show_default=True,
+    )(func)
+
+
+@main_group.command()
+@click.argument("app_spec", metavar="[APP]", required=False)
+@database_option
+@transport_option
+@click.option("--batch-size", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option(
+    "--poll-interval",
+    callback=_duration,
+    default=None,
+    help="Polling fallback (default 5s on PostgreSQL, which also wakes on NOTIFY; 0.2s SQLite).",
+)
+@click.option(
+    "--retention",
+    callback=_duration,
+    default="7d",
+    show_default=True,
+    help="Published events older than this are deleted.",
+)
+@click.option(
+    "--with-worker",
+    is_flag=True,
+    help="Also run APP's worker in this process (the relay embedded in a worker).",
+)
+@click.option("--concurrency", "-c", type=click.IntRange(1, 1000), default=10, show_default=True)
+@_log_options
+def relay(
+    app_spec: str | None,
+    database_url: str | None,
+    transport: str | None,
+    batch_size: int,
+    poll_interval: timedelta | None,
+    retention: timedelta,
+    with_worker: bool,
+    concurrency: int,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Publish outbox events to their queues until SIGTERM.
+
+    APP (module:attribute) is optional: without it the relay publishes to --transport (or the
+    database queue). Run several relays at once if you like; they share the work.
+    """
+    from . import logs
+    from .app import App
+
+    logs.configure(log_level, log_format)
+    if with_worker and not app_spec:
+        raise click.UsageError("--with-worker needs APP (module:attribute) to know the consumers")
+    app: App = load_app(app_spec) if app_spec else App(database_url)
+    if app_spec and database_url:
+        app.use_database(database_url)
+    if transport:
+        app.use_transport(transport)
+    the_relay = outbox.Relay(
+        app,
+        batch_size=batch_size,
+        poll_interval=poll_interval.total_seconds() if poll_interval else None,
+        retention=retention,
+    )
+
+    async def go() -> None:
+        try:
+            if not with_worker:
+                await the_relay.run(install_signal_handlers=True)
+                return
+            worker = app.worker(concurrency=concurrency)
+            task = the_relay.start()
+            try:
+                await worker.run(install_signal_handlers=True)
+            finally:
+                await the_relay.stop()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            await app.close()
+
+    run(go())
+
+
+@main_group.group("outbox")
+def outbox_group() -> None:
+    """Read the outbox and re-drive events that could not be published."""
+
+
+def _open(database_url: str | None) -> Any:
+    from .app import App
+
+    return App(database_url)
+
+
+@outbox_group.command("list")
+@database_option
+@click.option(
+    "--state", type=click.Choice([*outbox.STATES, "all"]), default="all", show_default=True
+)
+@click.option("--queue", help="Only this queue.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="JSON lines for scripts.")
+def list_events(
+    database_url: str | None, state: str, queue: str | None, limit: int, as_json: bool
+) -> None:
+    """List outbox events, newest first, with counts per state."""
+    app = _open(database_url)
+
+    async def go() -> tuple[dict[str, int], list[outbox.EventSummary]]:
+        async with app:
+            found = await outbox.list_events(
+                app.db, state=None if state == "all" else state, queue=queue, limit=limit
+            )
+            return await outbox.counts(app.db), found
+
+    totals, events = run(go())
+    if as_json:
+        for event in events:
+            click.echo(json.dumps(event.to_json(), ensure_ascii=False))
+        return
+    console.print(
+        "outbox — "
+        + ", ".join(f"{name}: {count}" for name, count in totals.items())
+        + f" — {app.url.display}"
+    )
+    if not events:
+        return
+    table = Table()
+    for column in ("event_id", "queue", "key", "state", "attempts", "created", "last error"):
+        table.add_column(column, overflow="fold")
+    for event in events:
+        table.add_row(
+            event.event_id,
+            event.queue,
+            event.ordering_key or "",
+            event.state,
+            str(event.attempts),
+            event.created_at.strftime("%Y-%m-%d %H:%M:%S") if event.created_at else "",
+            (event.last_error or "")[:100],
+        )
+    console.print(table)
+
+
+@outbox_group.command("show")
+@click.argument("event_id")
+@database_option
+def show_event(event_id: str, database_url: str | None) -> None:
+    """Show one event with the history of its attempts and re-drives (as JSON)."""
+    app = _open(database_url)
+
+    async def go() -> outbox.EventSummary | None:
+        async with app:
+            return await outbox.get_event(app.db, event_id)
+
+    event = run(go())
+    if event is None:
+        raise click.ClickException(f"no outbox event {event_id!r} in {app.url.display}")
+    click.echo(json.dumps(event.to_json(), ensure_ascii=False, indent=2))
+
+
+@outbox_group.command("redrive")
+@click.argument("event_ids", nargs=-1)
+@database_option
+@click.option("--all", "all_failed", is_flag=True, help="Every PUBLISH_FAILED_RETRY event.")
+@click.option("--queue", help="With --all: only this queue.")
+@click.option("--reason", required=True, help="Why (kept in each event's history).")
+@click.option("--by", "actor", default=None, help="Who (default: the OS user).")
+def redrive(
+    event_ids: tuple[str, ...],
+    database_url: str | None,
+    all_failed: bool,
+    queue: str | None,
+    reason: str,
+    actor: str | None,
+) -> None:
+    """Put PUBLISH_FAILED_RETRY events back to PENDING with fresh attempts.
+
+    Name the events, or pass --all (optionally with --queue). Events in any other state are
+    left alone, so repeating a re-drive does nothing twice.
+    """
+    if bool(event_ids) == all_failed:
+        raise click.UsageError("name the events to re-drive, or pass --all (not both)")
+    if queue and not all_failed:
+        raise click.UsageError("--queue goes with --all")
+    if not reason.strip():
+        raise click.UsageError("--reason must say why")
+    app = _open(database_url)
+
+    async def go() -> list[str]:
+        async with app:
+            return await outbox.redrive(
+                app.db,
+                actor=actor or getpass.getuser(),
+                reason=reason,
+                event_ids=list(event_ids) if event_ids else None,
+                queue=queue,
+            )
+
+    done = run(go())
+    for event_id in done:
+        click.echo(event_id)
+    missing = sorted(set(event_ids) - set(done))
+    console.print(f"re-drove {len(done)} event(s)", style="bold")
+    if missing:
+        console.print(
+            f"not re-driven (unknown, or not PUBLISH_FAILED_RETRY): {', '.join(missing)}",
+            style="yellow",
+        )
+
+
+@outbox_group.command("cleanup")
+@database_option
+@click.option("--retention", callback=_duration, default="7d", show_default=True)
+def cleanup(database_url: str | None, retention: timedelta) -> None:
+    """Delete published events older than the retention (relays also do this every minute)."""
+    app = _open(database_url)
+
+    async def go() -> int:
+        async with app:
+            return await outbox.cleanup(app.db, retention)
+
+    console.print(f"deleted {run(go())} published event(s) older than {retention}")

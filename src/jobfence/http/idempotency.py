@@ -1,0 +1,592 @@
+"""HTTP idempotency keys (SPEC I1–I4) as ASGI middleware for any app (FastAPI, Starlette…).
+
+For each matched request (by default every ``POST``) the middleware reads the
+``Idempotency-Key`` (IETF draft) or ``X-Idempotency-Key`` header and keeps one row per
+(partner, key) with a fingerprint of the request, its state and, once answered, the response.
+
+- first request with this key → the app's response (stored, unless it is a 5xx)
+- same key, same request, answered before → the stored response (status, headers, body)
+  plus ``Idempotent-Replayed: true``
+- same key, different request → 409 problem+json ``IDEMPOTENCY_KEY_MISMATCH``
+- same key, first request still running → 409 problem+json ``IDEMPOTENCY_KEY_IN_FLIGHT``
+  with ``Retry-After``
+- no key → 400 ``IDEMPOTENCY_KEY_MISSING``; key empty, longer than 255 characters or not
+  printable ASCII → 400 ``IDEMPOTENCY_KEY_MALFORMED``
+- body larger than ``max_body`` → 413 ``REQUEST_TOO_LARGE``
+
+A 5xx answer is not stored: the key is released and the client may retry with it. While the
+app works, the middleware renews a lease on the key; a server that dies stops renewing and
+the key frees once the lease runs out (a retry of the *same* request then runs again — store
+the key on your domain row too, as the purchase-order service does, if even that must not
+create a second row). Keys expire ``window`` after their first use (default 24 h); expired
+keys are cleaned up in bounded batches while the middleware serves requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..config import parse_database_url
+from ..db import Database, connect
+from ..errors import ConfigurationError
+from ..store import to_datetime
+
+log = logging.getLogger("jobfence.http")
+
+HEADER = "idempotency-key"
+X_HEADER = "x-idempotency-key"
+REPLAYED_HEADER = "idempotent-replayed"
+MAX_KEY_LENGTH = 255
+DEFAULT_WINDOW = timedelta(hours=24)
+DEFAULT_LEASE = timedelta(seconds=60)
+DEFAULT_MAX_BODY = 1024 * 1024
+
+MISSING = "IDEMPOTENCY_KEY_MISSING"
+MALFORMED = "IDEMPOTENCY_KEY_MALFORMED"
+MISMATCH = "IDEMPOTENCY_KEY_MISMATCH"
+IN_FLIGHT = "IDEMPOTENCY_KEY_IN_FLIGHT"
+TOO_LARGE = "REQUEST_TOO_LARGE"
+
+# Not replayed: they describe the original exchange, not the resource (and a cookie must not
+# be handed out twice).
+_NOT_STORED = frozenset(
+    {
+        "content-length",
+        "date",
+        "server",
+        "set-cookie",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        REPLAYED_HEADER,
+    }
+)
+
+PartnerResolver = Callable[[Request], Awaitable[str | None] | str | None]
+Matcher = Callable[[str, str], bool]
+
+
+def problem_body(status: int, code: str, title: str, detail: str, **extra: Any) -> bytes:
+    """An RFC 9457 problem+json document with a stable machine-readable ``code``."""
+    document = {
+        "type": f"urn:jobfence:problem:{code.lower().replace('_', '-')}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "code": code,
+        **extra,
+    }
+    return json.dumps(document, ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+@dataclass(frozen=True)
+class IdempotencyContext:
+    """What the app sees at ``request.state.idempotency`` for a request with a key."""
+
+    partner_id: str
+    key: str
+    fingerprint: str
+    expires_at: datetime | None
+
+
+class KeyProblem(Exception):
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+def parse_key(values: list[str]) -> str:
+    """The key from the values of both headers, or raise :class:`KeyProblem`.
+
+    A key is 1–255 printable ASCII characters (0x20–0x7E), sent bare or as a structured-field
+    string (``"…"``, as the IETF draft writes it). Sending it twice with different values is
+    malformed.
+    """
+    if not values:
+        raise KeyProblem(
+            MISSING,
+            "this request needs an Idempotency-Key (or X-Idempotency-Key) header: a unique "
+            "value per operation, reused only when retrying that same operation",
+        )
+    keys = set()
+    for raw in values:
+        value = raw.strip()
+        if len(value) >= 2 and value.startswith('"') and value.endswith('"'):
+            value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        keys.add(value)
+    if len(keys) > 1:
+        raise KeyProblem(MALFORMED, "the request carries different idempotency keys")
+    key = keys.pop()
+    if not key:
+        raise KeyProblem(MALFORMED, "the idempotency key is empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise KeyProblem(
+            MALFORMED,
+            f"the idempotency key is {len(key)} characters; at most {MAX_KEY_LENGTH} are allowed",
+        )
+    if any(not (0x20 <= ord(ch) <= 0x7E) for ch in key):
+        raise KeyProblem(
+            MALFORMED, "the idempotency key must be printable ASCII characters (0x20–0x7E)"
+        )
+    return key
+
+
+def fingerprint_request(
+    method: str, path: str, query: bytes, body: bytes, content_type: str
+) -> str:
+    """SHA-256 of the method, path, query and body. A JSON body is canonicalised first (keys
+    sorted, no whitespace), so the same document sent with another key order or spacing is
+    the same request."""
+    canonical = body
+    if "json" in content_type.lower() and body:
+        try:
+            canonical = json.dumps(
+                json.loads(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            ).encode()
+        except (ValueError, RecursionError):
+            canonical = body
+    digest = hashlib.sha256()
+    for part in (method.upper().encode(), path.encode(), query):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    digest.update(canonical)
+    return digest.hexdigest()
+
+
+class IdempotencyStore:
+    """The key table, one operation per named query (``queries_http.sql``)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def claim(
+        self, partner_id: str, key: str, fingerprint: str, *, lease: timedelta, window: timedelta
+    ) -> tuple[str, datetime | None] | None:
+        rows = await self.db.run(
+            "idempotency_claim",
+            {
+                "partner_id": partner_id,
+                "key": key,
+                "fingerprint": fingerprint,
+                "lease": lease.total_seconds(),
+                "window": window.total_seconds(),
+            },
+        )
+        if not rows:
+            return None
+        return str(rows[0]["lease_token"]), to_datetime(rows[0]["expires_at"])
+
+    async def get(self, partner_id: str, key: str) -> dict[str, Any] | None:
+        rows = await self.db.run("idempotency_get", {"partner_id": partner_id, "key": key})
+        return dict(rows[0]) if rows else None
+
+    async def extend(self, partner_id: str, key: str, token: str, lease: timedelta) -> bool:
+        rows = await self.db.run(
+            "idempotency_extend",
+            {"partner_id": partner_id, "key": key, "token": token, "lease": lease.total_seconds()},
+        )
+        return bool(rows)
+
+    async def complete(
+        self, partner_id: str, key: str, token: str, response: StoredResponse
+    ) -> bool:
+        rows = await self.db.run(
+            "idempotency_complete",
+            {
+                "partner_id": partner_id,
+                "key": key,
+                "token": token,
+                "status_code": response.status,
+                "headers": json.dumps([list(h) for h in response.headers]),
+                "body": response.body,
+            },
+        )
+        return bool(rows)
+
+    async def release(self, partner_id: str, key: str, token: str) -> None:
+        await self.db.run(
+            "idempotency_release", {"partner_id": partner_id, "key": key, "token": token}
+        )
+
+
+async def cleanup_keys(db: Database, batch: int = 1000) -> int:
+    """Delete keys whose window is over (never one still in flight), in bounded batches."""
+    total = 0
+    while True:
+        rows = await db.run("idempotency_cleanup", {"limit": batch})
+        total += len(rows)
+        if len(rows) < batch:
+            return total
+
+
+def _stored(row: Mapping[str, Any]) -> StoredResponse:
+    headers = row["response_headers"]
+    if isinstance(headers, str | bytes):
+        headers = json.loads(headers)
+    return StoredResponse(
+        status=int(row["status_code"]),
+        headers=[(str(name), str(value)) for name, value in headers],
+        body=bytes(row["response_body"]),
+    )
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class IdempotencyMiddleware:
+    """ASGI middleware enforcing idempotency keys on matched requests.
+
+    ``database``: an opened :class:`~jobfence.db.Database`, a callable returning one (e.g.
+    ``lambda: app.db`` for a jobfence App opened in the lifespan), or a database URL (the
+    middleware then opens its own small pool on first use). The database must be migrated
+    (``jobfence migrate``).
+
+    ``partner(request)`` names the tenant a key belongs to (sync or async; it sees the headers,
+    not the body). ``None`` from it means "not authenticated": the request passes through
+    untouched and the app answers it (e.g. 401); no key is stored. Without ``partner`` every
+    key lives in one shared scope.
+
+    ``match(method, path)`` picks the requests that need a key (default: every POST).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        database: Database | Callable[[], Database] | str,
+        partner: PartnerResolver | None = None,
+        match: Matcher | None = None,
+        window: timedelta = DEFAULT_WINDOW,
+        lease: timedelta = DEFAULT_LEASE,
+        max_body: int = DEFAULT_MAX_BODY,
+        cleanup_interval: timedelta = timedelta(minutes=5),
+    ) -> None:
+        if window <= timedelta(0) or lease <= timedelta(0):
+            raise ConfigurationError("the idempotency window and lease must be positive")
+        if lease >= window:
+            raise ConfigurationError(
+                f"the in-flight lease ({lease}) must be shorter than the key window ({window})"
+            )
+        self.app = app
+        self._database = database
+        self._own_db: Database | None = None
+        self._open_lock = asyncio.Lock()
+        self.partner = partner
+        self.match: Matcher = match or (lambda method, path: method == "POST")
+        self.window = window
+        self.lease = lease
+        self.max_body = max_body
+        self.cleanup_interval = cleanup_interval
+        self._next_cleanup = 0.0
+        self._background: set[asyncio.Task[Any]] = set()
+        if isinstance(database, str):
+            parse_database_url(database)  # a bad URL fails at start-up, in one line
+
+    async def _db(self) -> Database:
+        source = self._database
+        if isinstance(source, Database):
+            return source
+        if isinstance(source, str):
+            async with self._open_lock:
+                if self._own_db is None:
+                    db = connect(parse_database_url(source))
+                    await db.open(max_size=10)
+                    self._own_db = db
+            return self._own_db
+        return source()
+
+    async def close(self) -> None:
+        """Close the pool the middleware opened itself (a URL was given)."""
+        for task in list(self._background):
+            task.cancel()
+        if self._own_db is not None:
+            db, self._own_db = self._own_db, None
+            await db.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
+        if scope["type"] != "http" or not self.match(scope["method"], scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        partner_id = await self._partner(scope)
+        if partner_id is None:
+            await self.app(scope, receive, send)
+            return
+        headers = [(name.decode("latin-1"), value) for name, value in scope["headers"]]
+        values = [v.decode("latin-1") for n, v in headers if n in (HEADER, X_HEADER)]
+        try:
+            key = parse_key(values)
+        except KeyProblem as exc:
+            title = (
+                "Idempotency key missing" if exc.code == MISSING else "Malformed idempotency key"
+            )
+            await _send_problem(send, 400, exc.code, title, exc.detail)
+            return
+        try:
+            body = await _read_body(receive, self.max_body)
+        except _Disconnected:
+            return
+        except ValueError:
+            await _send_problem(
+                send,
+                413,
+                TOO_LARGE,
+                "Request body too large",
+                f"requests with an idempotency key are limited to {self.max_body} bytes",
+            )
+            return
+        content_type = next((v.decode("latin-1") for n, v in headers if n == "content-type"), "")
+        fingerprint = fingerprint_request(
+            scope["method"], scope["path"], scope.get("query_string", b""), body, content_type
+        )
+        db = await self._db()
+        self._maybe_cleanup(db)
+        store = IdempotencyStore(db)
+        for _ in range(5):
+            claimed = await store.claim(
+                partner_id, key, fingerprint, lease=self.lease, window=self.window
+            )
+            if claimed is not None:
+                token, expires_at = claimed
+                context = IdempotencyContext(partner_id, key, fingerprint, expires_at)
+                await self._run(scope, body, send, store, context, token)
+                return
+            row = await store.get(partner_id, key)
+            if row is None or row["expired"]:
+                continue  # deleted or expired in between: claim again
+            if row["fingerprint"] != fingerprint:
+                await _send_problem(
+                    send,
+                    409,
+                    MISMATCH,
+                    "Idempotency key reused for a different request",
+                    "this key was already used with another request (method, path or body "
+                    "differ); use a new key for a new operation",
+                )
+                return
+            if row["state"] == "in_progress":
+                left = float(row["lease_left"] or 0.0)
+                await _send_problem(
+                    send,
+                    409,
+                    IN_FLIGHT,
+                    "Request with this idempotency key still in progress",
+                    "the first request with this key has not finished; retry shortly to get "
+                    "its response",
+                    extra_headers=[(b"retry-after", str(max(1, min(math.ceil(left), 5))).encode())],
+                )
+                return
+            await _send_replay(send, _stored(row))
+            return
+        raise RuntimeError("idempotency key kept changing state; giving up on this request")
+
+    async def _partner(self, scope: Scope) -> str | None:
+        if self.partner is None:
+            return ""
+        result = self.partner(Request(scope))
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def _maybe_cleanup(self, db: Database) -> None:
+        now = time.monotonic()
+        if now < self._next_cleanup:
+            return
+        self._next_cleanup = now + self.cleanup_interval.total_seconds()
+
+        async def clean() -> None:
+            try:
+                deleted = await cleanup_keys(db)
+                if deleted:
+                    log.info("expired idempotency keys deleted", extra={"keys": deleted})
+            except Exception:
+                log.exception("idempotency key cleanup failed; will try again later")
+
+        task = asyncio.create_task(clean(), name="jobfence-idempotency-cleanup")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _run(
+        self,
+        scope: Scope,
+        body: bytes,
+        send: Send,
+        store: IdempotencyStore,
+        context: IdempotencyContext,
+        token: str,
+    ) -> None:
+        scope = dict(scope)
+        state = dict(scope.get("state") or {})
+        state["idempotency"] = context
+        scope["state"] = state
+        delivered = False
+
+        async def receive() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # like a client that keeps the connection open
+            return {"type": "http.disconnect"}  # pragma: no cover - never reached
+
+        start: Message | None = None
+        chunks: list[bytes] = []
+
+        async def capture(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        heartbeat = asyncio.create_task(self._heartbeat(store, context, token))
+        try:
+            await self.app(scope, receive, capture)
+        except BaseException:
+            heartbeat.cancel()
+            await asyncio.shield(self._release(store, context, token))
+            raise
+        heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heartbeat
+        if start is None:
+            await self._release(store, context, token)
+            raise RuntimeError("the app returned without sending a response")
+        status = int(start["status"])
+        raw_headers: list[tuple[bytes, bytes]] = list(start.get("headers", []))
+        response = StoredResponse(
+            status=status,
+            headers=[
+                (n.decode("latin-1"), v.decode("latin-1"))
+                for n, v in raw_headers
+                if n.decode("latin-1").lower() not in _NOT_STORED
+            ],
+            body=b"".join(chunks),
+        )
+        if status >= 500:
+            await self._release(store, context, token)
+        else:
+            try:
+                if not await store.complete(context.partner_id, context.key, token, response):
+                    log.warning(
+                        "idempotency key was taken over before the response was stored",
+                        extra={"partner_id": context.partner_id, "key": context.key},
+                    )
+            except Exception:
+                log.exception(
+                    "could not store the response of an idempotent request; the key frees "
+                    "when its lease runs out",
+                    extra={"partner_id": context.partner_id, "key": context.key},
+                )
+        headers = [(n, v) for n, v in raw_headers if n.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(response.body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+    async def _heartbeat(
+        self, store: IdempotencyStore, context: IdempotencyContext, token: str
+    ) -> None:
+        interval = max(self.lease.total_seconds() / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if not await store.extend(context.partner_id, context.key, token, self.lease):
+                    log.warning(
+                        "lost the lease of an in-flight idempotency key",
+                        extra={"partner_id": context.partner_id, "key": context.key},
+                    )
+                    return
+            except Exception:
+                log.exception("could not renew an idempotency key's lease")
+
+    async def _release(
+        self, store: IdempotencyStore, context: IdempotencyContext, token: str
+    ) -> None:
+        try:
+            await store.release(context.partner_id, context.key, token)
+        except Exception:
+            log.exception(
+                "could not release an idempotency key; it frees when its lease runs out",
+                extra={"partner_id": context.partner_id, "key": context.key},
+            )
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def on_send(message: Message) -> None:
+            if message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                await self.close()
+            await send(message)
+
+        await self.app(scope, receive, on_send)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ValueError("body too large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _send_problem(
+    send: Send,
+    status: int,
+    code: str,
+    title: str,
+    detail: str,
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    body = problem_body(status, code, title, detail)
+    headers = [
+        (b"content-type", b"application/problem+json"),
+        (b"content-length", str(len(body)).encode()),
+        *(extra_headers or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_replay(send: Send, response: StoredResponse) -> None:
+    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
+    headers.append((b"content-length", str(len(response.body)).encode()))
+    headers.append((REPLAYED_HEADER.encode(), b"true"))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+def idempotency_of(request: Request) -> IdempotencyContext | None:
+    """The key of the current request, for a handler (e.g. to store it on its domain row)."""
+    context = getattr(request.state, "idempotency", None)
+    return context if isinstance(context, IdempotencyContext) else None

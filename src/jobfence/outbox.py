@@ -1,0 +1,755 @@
+"""The transactional outbox (SPEC O1–O3): events written with the domain row, published later.
+
+An application writes its domain row and an outbox event in **one transaction**
+(:func:`write`); the event exists only if that transaction commits. A :class:`Relay` publishes
+pending events to the app's queue port (any transport: a database queue or a broker) with
+``job_id = event_id``, so the consumer's fence turns a second publish into a skipped
+duplicate (O3). States, enforced by CHECK constraints::
+
+    PENDING ──publish ok──► PUBLISHED ──after the retention──► (deleted)
+      │  ▲
+      │  └── failure with attempts left: wait (backoff), try again
+      └── failure on the 5th attempt ──► PUBLISH_FAILED_RETRY ──operator re-drive──► PENDING
+
+A relay *claims* a batch (a lease, ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so several
+relays share the work), publishes it, then marks it published. A relay killed between the
+publish and the mark leaves its claim to expire; another relay publishes the events again
+and the fence absorbs the duplicate. Events with the same ordering ``key`` are published one
+after the other, in the order they were written: the next event of a key is not claimed
+before the previous one is published (a key whose head event is ``PUBLISH_FAILED_RETRY``
+waits for its re-drive, like a paused Pub/Sub ordering key).
+
+Relays wake on PostgreSQL ``LISTEN/NOTIFY`` (an insert trigger notifies at commit) and poll
+as a fallback (SQLite always polls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sqlite3
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter
+
+from .db import Database, SyncTx, Tx
+from .errors import Category, ConfigurationError, EnqueueError, classify, describe, error_code
+from .retry import RetryPolicy
+from .sql import Dialect, queries
+from .store import OutgoingJob, to_datetime
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+    from .app import App
+
+log = logging.getLogger("jobfence.outbox")
+
+PENDING = "PENDING"
+PUBLISHED = "PUBLISHED"
+PUBLISH_FAILED_RETRY = "PUBLISH_FAILED_RETRY"
+STATES = (PENDING, PUBLISHED, PUBLISH_FAILED_RETRY)
+
+CHANNEL = "jobfence_outbox"
+MAX_KEY_LENGTH = 255
+
+#: Seed 004 §10.3: the outbox publisher makes 5 attempts, then PUBLISH_FAILED_RETRY.
+DEFAULT_PUBLISH_POLICY = RetryPolicy(
+    max_retries=4,
+    base=timedelta(seconds=1),
+    cap=timedelta(seconds=30),
+    justification=(
+        "outbox publishing (seed 004 §10.3): 5 attempts per event, 1 s doubling to 30 s, then "
+        "PUBLISH_FAILED_RETRY for an operator; a broker outage is visible within a minute"
+    ),
+)
+DEFAULT_RETENTION = timedelta(days=7)
+DEFAULT_LEASE = timedelta(seconds=30)
+DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=10)
+
+PUBLISHED_EVENTS = Counter(
+    "jobfence_outbox_published", "Outbox events published to their queue.", ["queue"]
+)
+PUBLISH_FAILURES = Counter(
+    "jobfence_outbox_publish_failures",
+    "Failed attempts to publish an outbox event.",
+    ["queue", "category"],
+)
+GAVE_UP = Counter(
+    "jobfence_outbox_publish_failed_retry",
+    "Outbox events that used up their attempts (state PUBLISH_FAILED_RETRY).",
+    ["queue"],
+)
+
+
+# -- writing, in the caller's transaction ------------------------------------------------------
+
+
+def _event(
+    queue: str,
+    payload: Any,
+    event_id: str | None,
+    key: str | None,
+    correlation_id: str | None,
+) -> dict[str, Any]:
+    from .app import App
+
+    job = App.job(queue, payload, job_id=event_id, correlation_id=correlation_id)
+    if key is not None:
+        if not isinstance(key, str) or not key or "\x00" in key:
+            raise EnqueueError("the ordering key must be a non-empty string without NUL")
+        if len(key) > MAX_KEY_LENGTH:
+            raise EnqueueError(f"the ordering key is longer than {MAX_KEY_LENGTH} characters")
+    return {
+        "event_id": job.job_id,
+        "queue": job.queue,
+        "ordering_key": key,
+        "correlation_id": job.correlation_id,
+        "payload": job.payload,
+    }
+
+
+def _as_tx(connection: Any) -> Tx:
+    if isinstance(connection, Tx):
+        return connection
+    if isinstance(connection, SyncTx):
+        raise EnqueueError("from a plain `def` handler use outbox.write_sync(tx, ...)")
+    import aiosqlite
+    import psycopg
+
+    if isinstance(connection, psycopg.AsyncConnection):
+        from .db.postgres import PgTx
+
+        return PgTx(connection, queries("postgresql"))
+    if isinstance(connection, aiosqlite.Connection):
+        from .db.sqlite import SqliteTx
+
+        return SqliteTx(connection, queries("sqlite"))
+    raise EnqueueError(
+        f"cannot write an outbox event on a {type(connection).__name__}; pass a jobfence Tx, a "
+        "psycopg AsyncConnection or an aiosqlite Connection (sync connections: write_sync)"
+    )
+
+
+def _duplicate(event_id: str) -> EnqueueError:
+    return EnqueueError(
+        f"event {event_id!r} is already in the outbox; an event id is written once (it is the "
+        "job_id the consumer fences on)"
+    )
+
+
+async def write(
+    connection: Any,
+    queue: str,
+    payload: Any,
+    *,
+    event_id: str | None = None,
+    key: str | None = None,
+    correlation_id: str | None = None,
+) -> str:
+    """Write one event in the caller's open transaction; return its event id.
+
+    ``connection``: a jobfence :class:`~jobfence.db.Tx` (a handler's ``tx`` or one from
+    ``db.transaction()``), a psycopg ``AsyncConnection`` or an aiosqlite ``Connection``, inside
+    a transaction the caller commits. ``event_id`` defaults to a new UUID; it becomes the
+    job_id the consumer fences on. ``key`` orders events: events with one key are published in
+    the order they were written. Raises :class:`~jobfence.errors.EnqueueError` for a bad event
+    or an event id already in the outbox (without aborting the transaction).
+    """
+    params = _event(queue, payload, event_id, key, correlation_id)
+    tx = _as_tx(connection)
+    if not await tx.q("outbox_write", params):
+        raise _duplicate(params["event_id"])
+    return str(params["event_id"])
+
+
+def write_sync(
+    connection: Any,
+    queue: str,
+    payload: Any,
+    *,
+    event_id: str | None = None,
+    key: str | None = None,
+    correlation_id: str | None = None,
+) -> str:
+    """:func:`write` for synchronous code: a psycopg ``Connection``, an ``sqlite3.Connection``
+    or a plain ``def`` handler's ``tx``, inside a transaction the caller commits."""
+    params = _event(queue, payload, event_id, key, correlation_id)
+    if isinstance(connection, SyncTx):
+        rows = connection._run(connection.async_tx.q("outbox_write", params))
+    elif isinstance(connection, sqlite3.Connection):
+        rows = connection.execute(queries("sqlite")["outbox_write"], params).fetchall()
+    else:
+        import psycopg
+
+        if not isinstance(connection, psycopg.Connection):
+            raise EnqueueError(
+                f"cannot write an outbox event on a {type(connection).__name__}; pass a psycopg "
+                "Connection, an sqlite3 Connection or a `def` handler's tx"
+            )
+        with connection.cursor() as cur:
+            cur.execute(queries("postgresql")["outbox_write"], params)
+            rows = cur.fetchall()
+    if not rows:
+        raise _duplicate(params["event_id"])
+    return str(params["event_id"])
+
+
+# -- reading and operating --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """An event as a relay publishes it."""
+
+    id: int
+    event_id: str
+    queue: str
+    ordering_key: str | None
+    correlation_id: str | None
+    payload: bytes
+    attempts: int
+    claim: Any = None
+
+    def job(self) -> OutgoingJob:
+        return OutgoingJob(self.queue, self.event_id, self.payload, self.correlation_id)
+
+
+@dataclass(frozen=True)
+class EventSummary:
+    """An event for people (no payload)."""
+
+    event_id: str
+    queue: str
+    ordering_key: str | None
+    correlation_id: str | None
+    state: str
+    attempts: int
+    next_attempt_at: datetime | None
+    last_error: str | None
+    created_at: datetime | None
+    published_at: datetime | None
+    payload_size: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            data[name] = value.isoformat() if isinstance(value, datetime) else value
+        return data
+
+
+def _summary(row: Mapping[str, Any]) -> EventSummary:
+    history = row.get("history")
+    if isinstance(history, str | bytes):
+        history = json.loads(history)
+    return EventSummary(
+        event_id=row["event_id"],
+        queue=row["queue"],
+        ordering_key=row["ordering_key"],
+        correlation_id=row["correlation_id"],
+        state=row["state"],
+        attempts=int(row["attempts"]),
+        next_attempt_at=to_datetime(row["next_attempt_at"]),
+        last_error=row["last_error"],
+        created_at=to_datetime(row["created_at"]),
+        published_at=to_datetime(row["published_at"]),
+        payload_size=int(row["payload_size"]),
+        history=list(history or []),
+    )
+
+
+def _list_param(dialect: Dialect, values: Sequence[Any] | None) -> Any:
+    if values is None:
+        return None
+    return list(values) if dialect == "postgresql" else json.dumps(list(values))
+
+
+async def list_events(
+    db: Database, *, state: str | None = None, queue: str | None = None, limit: int = 50
+) -> list[EventSummary]:
+    """Events newest first, optionally of one state and queue (no payloads)."""
+    if state is not None and state not in STATES:
+        raise ConfigurationError(f"unknown outbox state {state!r}; one of {', '.join(STATES)}")
+    rows = await db.run("outbox_list", {"state": state, "queue": queue, "limit": limit})
+    return [_summary(row) for row in rows]
+
+
+async def get_event(db: Database, event_id: str) -> EventSummary | None:
+    """One event with its history of failed attempts and re-drives."""
+    rows = await db.run("outbox_get", {"event_id": event_id})
+    return _summary(rows[0]) if rows else None
+
+
+async def counts(db: Database) -> dict[str, int]:
+    """Number of events per state (every state present, zero when none)."""
+    found = {row["state"]: int(row["events"]) for row in await db.run("outbox_counts")}
+    return {state: found.get(state, 0) for state in STATES}
+
+
+async def redrive(
+    db: Database,
+    *,
+    actor: str,
+    reason: str | None = None,
+    event_ids: Sequence[str] | None = None,
+    queue: str | None = None,
+) -> list[str]:
+    """Put ``PUBLISH_FAILED_RETRY`` events back to ``PENDING`` with 5 fresh attempts.
+
+    ``event_ids`` None means every failed event (of ``queue``, if given). Who and why are kept
+    in each event's history. Returns the event ids re-driven (events in another state are left
+    alone, so repeating a re-drive is harmless).
+    """
+    if not actor or not actor.strip():
+        raise ConfigurationError("a re-drive needs the operator's name (actor)")
+    if event_ids is not None and not event_ids:
+        return []
+    rows = await db.run(
+        "outbox_redrive",
+        {
+            "actor": actor,
+            "reason": reason,
+            "event_ids": _list_param(db.dialect, event_ids),
+            "queue": queue,
+        },
+    )
+    ids = [str(row["event_id"]) for row in rows]
+    if ids:
+        log.warning(
+            "outbox events re-driven", extra={"events": len(ids), "by": actor, "reason": reason}
+        )
+    return ids
+
+
+async def cleanup(db: Database, retention: timedelta = DEFAULT_RETENTION, batch: int = 1000) -> int:
+    """Delete published events older than ``retention`` in bounded batches; return how many."""
+    total = 0
+    while True:
+        rows = await db.run(
+            "outbox_cleanup", {"retention": retention.total_seconds(), "limit": batch}
+        )
+        total += len(rows)
+        if len(rows) < batch:
+            return total
+
+
+# -- the relay -------------------------------------------------------------------------------
+
+
+class RelayObserver:
+    """Hooks of a relay; no-ops by default. A hook that raises is logged and ignored."""
+
+    async def published(self, events: Sequence[OutboxEvent]) -> None:
+        """The transport accepted ``events``; they are not marked published yet (a crash now
+        means they are published again, and the consumer's fence absorbs it)."""
+
+    def publish_failed(self, event: OutboxEvent, error: str, gave_up: bool) -> None:
+        """One attempt failed; ``gave_up`` when the event is now PUBLISH_FAILED_RETRY."""
+
+
+OnPublished = Callable[[Tx, Sequence[OutboxEvent]], Awaitable[None]]
+
+
+@dataclass
+class RelayStats:
+    published: int = 0
+    failed_attempts: int = 0
+    gave_up: int = 0
+    rounds: int = 0
+    cleaned: int = 0
+
+
+class Relay:
+    """Publishes outbox events from ``app``'s database to ``app.transport``.
+
+    Run it on its own (``jobfence relay``) or inside a worker's process
+    (``relay.start()`` … ``await relay.stop()``); run as many as you like.
+
+    ``on_published(tx, events)`` runs in the transaction that marks events published (e.g. to
+    move a domain row to PUBLISHED); if it raises, the mark rolls back and the events are
+    published again after their claim expires.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        batch_size: int = 100,
+        poll_interval: float | None = None,
+        lease: timedelta = DEFAULT_LEASE,
+        policy: RetryPolicy = DEFAULT_PUBLISH_POLICY,
+        publish_timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT,
+        retention: timedelta = DEFAULT_RETENTION,
+        cleanup_interval: timedelta = timedelta(minutes=1),
+        on_published: OnPublished | None = None,
+        observers: Sequence[RelayObserver] = (),
+        relay_id: str | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ConfigurationError("the relay's batch_size must be at least 1")
+        if lease <= publish_timeout:
+            raise ConfigurationError(
+                f"the relay's claim lease ({lease}) must be longer than its publish timeout "
+                f"({publish_timeout}), or a slow publish would be claimed twice"
+            )
+        if retention <= timedelta(0):
+            raise ConfigurationError("the outbox retention must be a positive duration")
+        self.app = app
+        self.batch_size = batch_size
+        self._poll_interval = poll_interval
+        self.lease = lease
+        self.policy = policy
+        self.publish_timeout = publish_timeout
+        self.retention = retention
+        self.cleanup_interval = cleanup_interval
+        self.on_published = on_published
+        self.observers = list(observers)
+        self.relay_id = relay_id or f"relay:{uuid.uuid4().hex[:10]}"
+        self.stats = RelayStats()
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[RelayStats] | None = None
+
+    @property
+    def poll_interval(self) -> float:
+        if self._poll_interval is not None:
+            return self._poll_interval
+        # PostgreSQL relays are woken by NOTIFY; polling is only the fallback
+        return 5.0 if self.app.url.dialect == "postgresql" else 0.2
+
+    @property
+    def db(self) -> Database:
+        return self.app.db
+
+    def wake(self) -> None:
+        """Look for events now (events were written in this process)."""
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def start(self) -> asyncio.Task[RelayStats]:
+        """Run in the background of the current event loop (e.g. next to a worker)."""
+        if self._task is None or self._task.done():
+            self._stop.clear()
+            self._task = asyncio.create_task(self.run(), name=f"jobfence-{self.relay_id}")
+        return self._task
+
+    async def stop(self) -> RelayStats:
+        """Stop a relay started with :meth:`start` after its current round."""
+        self.request_stop()
+        if self._task is not None:
+            await self._task
+        return self.stats
+
+    async def run(self, *, install_signal_handlers: bool = False) -> RelayStats:
+        """Publish until :meth:`request_stop` (or SIGTERM/SIGINT with signal handlers)."""
+        await self.app.open()
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        listener = None
+        if self.db.dialect == "postgresql":
+            listener = asyncio.create_task(self._listen(), name="jobfence-outbox-listen")
+        log.info(
+            "relay started",
+            extra={
+                "relay": self.relay_id,
+                "database": self.db.display,
+                "transport": self.app.transport.name,
+            },
+        )
+        next_cleanup = 0.0
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                try:
+                    claimed = await self.run_once()
+                    if time.monotonic() >= next_cleanup:
+                        self.stats.cleaned += await cleanup(self.db, self.retention)
+                        next_cleanup = time.monotonic() + self.cleanup_interval.total_seconds()
+                except Exception:
+                    log.exception("relay round failed; retrying shortly")
+                    await self._sleep(1.0)
+                    continue
+                if claimed >= self.batch_size:
+                    continue  # more is probably waiting
+                await self._sleep(await self._idle_wait())
+        finally:
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            log.info(
+                "relay stopped", extra={"relay": self.relay_id, "published": self.stats.published}
+            )
+        return self.stats
+
+    async def _listen(self) -> None:
+        async for _ in self.db.wakeups(CHANNEL):
+            self._wake.set()
+
+    async def _idle_wait(self) -> float:
+        wait = self.poll_interval
+        try:
+            rows = await self.db.run("outbox_next_attempt")
+        except Exception:
+            return wait
+        if rows and rows[0]["wait"] is not None:
+            wait = max(0.0, min(wait, float(rows[0]["wait"])))
+        return wait
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds <= 0 or self._stop.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    async def run_once(self) -> int:
+        """One round: claim a batch, publish it, mark it. Returns the number claimed."""
+        rows = await self.db.run(
+            "outbox_claim",
+            {
+                "limit": self.batch_size,
+                "lease": self.lease.total_seconds(),
+                "relay_id": self.relay_id,
+            },
+        )
+        self.stats.rounds += 1
+        if not rows:
+            return 0
+        events = [
+            OutboxEvent(
+                id=int(row["id"]),
+                event_id=row["event_id"],
+                queue=row["queue"],
+                ordering_key=row["ordering_key"],
+                correlation_id=row["correlation_id"],
+                payload=bytes(row["payload"]),
+                attempts=int(row["attempts"]),
+                claim=row["claim_token"],
+            )
+            for row in rows
+        ]
+        # First attempts go as one batch; retried events go one by one, so that one event a
+        # transport refuses cannot keep failing the others.
+        fresh = [e for e in events if e.attempts == 1]
+        groups = ([fresh] if fresh else []) + [[e] for e in events if e.attempts > 1]
+        for group in groups:
+            await self._publish(group)
+        return len(events)
+
+    async def _publish(self, group: list[OutboxEvent]) -> None:
+        try:
+            await asyncio.wait_for(
+                self.app.transport.publish([e.job() for e in group]),
+                timeout=self.publish_timeout.total_seconds(),
+            )
+        except Exception as exc:
+            await self._failed(group, exc)
+            return
+        for observer in self.observers:
+            try:
+                await observer.published(group)
+            except Exception:
+                log.exception("relay observer %s failed", type(observer).__name__)
+        try:
+            await self._mark(group)
+        except Exception:
+            # published but not marked: the claim expires and the events go out again;
+            # the consumer's fence absorbs the duplicate
+            log.exception(
+                "could not mark published events; they will be published again",
+                extra={"events": [e.event_id for e in group]},
+            )
+            return
+        for event in group:
+            PUBLISHED_EVENTS.labels(event.queue).inc()
+        self.stats.published += len(group)
+
+    async def _mark(self, group: list[OutboxEvent]) -> None:
+        ids = _list_param(self.db.dialect, [e.id for e in group])
+        async with self.db.transaction() as tx:
+            rows = await tx.q("outbox_mark_published", {"ids": ids})
+            if self.on_published is not None and rows:
+                marked = {int(row["id"]) for row in rows}
+                await self.on_published(tx, [e for e in group if e.id in marked])
+
+    async def _failed(self, group: list[OutboxEvent], exc: BaseException) -> None:
+        if isinstance(exc, TimeoutError):
+            exc = TimeoutError(
+                f"the transport did not accept the event within "
+                f"{self.publish_timeout.total_seconds():g}s"
+            )
+        category = classify(exc)
+        error = describe(exc)
+        code = error_code(exc)
+        for event in group:
+            delay = self.policy.delay(max(event.attempts, 1)).total_seconds()
+            gave_up = False
+            try:
+                async with self.db.transaction() as tx:
+                    rows = await tx.q(
+                        "outbox_mark_failed",
+                        {
+                            "id": event.id,
+                            "token": event.claim,
+                            "max_attempts": self.policy.max_attempts,
+                            "delay": delay,
+                            "category": category.value,
+                            "error": error,
+                        },
+                    )
+                    gave_up = bool(rows) and rows[0]["state"] == PUBLISH_FAILED_RETRY
+                    if gave_up:
+                        await self._alert(tx, event, category, code, error)
+            except Exception:
+                log.exception(
+                    "could not record a failed publish; the claim will expire",
+                    extra={"event_id": event.event_id},
+                )
+                continue
+            self.stats.failed_attempts += 1
+            PUBLISH_FAILURES.labels(event.queue, category.value).inc()
+            if gave_up:
+                self.stats.gave_up += 1
+                GAVE_UP.labels(event.queue).inc()
+            level = logging.ERROR if gave_up else logging.WARNING
+            log.log(
+                level,
+                "outbox event gave up: PUBLISH_FAILED_RETRY (re-drive it once the transport "
+                "is back)"
+                if gave_up
+                else "outbox publish failed; will retry",
+                extra={
+                    "event_id": event.event_id,
+                    "queue": event.queue,
+                    "correlation_id": event.correlation_id,
+                    "attempt": event.attempts,
+                    "category": category.value,
+                    "error": error,
+                    **({} if gave_up else {"retry_in_s": round(delay, 3)}),
+                },
+            )
+            for observer in self.observers:
+                try:
+                    observer.publish_failed(event, error, gave_up)
+                except Exception:
+                    log.exception("relay observer %s failed", type(observer).__name__)
+
+    async def _alert(
+        self, tx: Tx, event: OutboxEvent, category: Category, code: str | None, error: str
+    ) -> None:
+        from .alerts import enqueue_alert
+
+        await enqueue_alert(
+            tx,
+            source="outbox",
+            queue=event.queue,
+            category=category.value,
+            fingerprint=f"outbox:{event.queue}:{code or category.value}",
+            title=(
+                f"outbox event could not be published to {event.queue!r} after "
+                f"{event.attempts} attempts (PUBLISH_FAILED_RETRY)"
+            ),
+            details={
+                "event_id": event.event_id,
+                "queue": event.queue,
+                "correlation_id": event.correlation_id or "",
+                "attempts": str(event.attempts),
+                "error_code": code or "",
+                "last_error": error,
+                "action": f"jobfence outbox redrive {event.event_id} --reason '…'",
+            },
+        )
+
+
+# -- the ops API route -------------------------------------------------------------------------
+
+
+def ops_router() -> APIRouter:
+    """FastAPI routes for operators: list/show outbox events and re-drive failed ones.
+
+    Mounted by the ops API and by the purchase-order service; authentication is
+    :func:`jobfence.ops.auth.require` (viewers read, operators re-drive), against the opened
+    jobfence ``Database`` at ``request.app.state.jobfence_db``.
+    """
+    from fastapi import APIRouter, Depends, HTTPException, Query, Request
+    from pydantic import BaseModel, Field
+
+    from .ops.auth import Principal, require
+
+    router = APIRouter(prefix="/outbox", tags=["outbox"])
+
+    class RedriveBody(BaseModel):
+        event_ids: list[str] | None = Field(
+            default=None, max_length=10_000, description="None: every failed event (of queue)."
+        )
+        queue: str | None = None
+        reason: str = Field(min_length=1, max_length=2000)
+
+    def _db(request: Request, principal: Principal) -> Database:
+        if principal.partner is not None:
+            raise HTTPException(
+                403, "the outbox spans every partner: use a token without a partner scope"
+            )
+        db: Database = request.app.state.jobfence_db
+        return db
+
+    @router.get("/events")
+    async def list_route(
+        request: Request,
+        state: str | None = Query(default=None),
+        queue: str | None = Query(default=None),
+        limit: int = Query(default=50, ge=1, le=500),
+        principal: Principal = Depends(require("viewer")),
+    ) -> dict[str, Any]:
+        if state is not None and state not in STATES:
+            raise HTTPException(422, f"state must be one of {', '.join(STATES)}")
+        db = _db(request, principal)
+        events = await list_events(db, state=state, queue=queue, limit=limit)
+        return {
+            "counts": await counts(db),
+            "events": [e.to_json() for e in events],
+        }
+
+    @router.get("/events/{event_id}")
+    async def get_route(
+        request: Request, event_id: str, principal: Principal = Depends(require("viewer"))
+    ) -> dict[str, Any]:
+        event = await get_event(_db(request, principal), event_id)
+        if event is None:
+            raise HTTPException(404, "no such outbox event")
+        return event.to_json()
+
+    @router.post("/events/redrive")
+    async def redrive_route(
+        request: Request, body: RedriveBody, principal: Principal = Depends(require("operator"))
+    ) -> dict[str, Any]:
+        if not body.reason.strip():
+            raise HTTPException(422, "a re-drive needs a reason")
+        ids = await redrive(
+            _db(request, principal),
+            actor=principal.name,
+            reason=body.reason,
+            event_ids=body.event_ids,
+            queue=body.queue,
+        )
+        return {"redriven": ids, "count": len(ids)}
+
+    return router
