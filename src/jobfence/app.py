@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from .cleanup import Maintenance
 from .codec import Decoder, Schema, encode
 from .config import DatabaseURL, parse_database_url
 from .db import Database, Tx, connect, current_tx
@@ -31,28 +32,64 @@ DEFAULT_FENCE_TTL = timedelta(days=7)
 DEFAULT_LEASE = timedelta(seconds=30)
 
 
+#: The least margin a fence TTL keeps beyond the longest redelivery exposure.
+MIN_FENCE_MARGIN = timedelta(hours=1)
+
+
+def fence_exposure(policy: RetryPolicy, lease: timedelta) -> timedelta:
+    """How long after its first delivery a job can still be delivered again: the sum of its
+    retry delays plus one lease per attempt (an attempt lost with its worker comes back only
+    when its lease runs out, and counts as an attempt)."""
+    return policy.max_window() + lease * policy.max_attempts
+
+
+def _span(value: timedelta) -> str:
+    """A duration for people: 7d, 1h18m, 15m30s, 0.5s."""
+    seconds = value.total_seconds()
+    if seconds < 60:
+        return f"{seconds:g}s"
+    whole = int(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if whole >= size:
+            parts.append(f"{whole // size}{unit}")
+            whole %= size
+    return "".join(parts)
+
+
 def fence_ttl_problem(
     ttl: timedelta, lease: timedelta, policies: Iterable[tuple[str, RetryPolicy]]
 ) -> str | None:
     """Why ``ttl`` is unsafe (SPEC T1), with the arithmetic; None when it is safe.
 
     A fence must outlive every redelivery of its job: the longest retry window plus one
-    lease (a delivery lost with its worker comes back after its lease), with a margin of the
-    same size again and at least one hour for queues that back up.
+    lease per attempt (:func:`fence_exposure`), with a margin of the same size again and at
+    least :data:`MIN_FENCE_MARGIN`, for clocks, queues that back up and slow reaping. The
+    queue with the longest exposure decides.
     """
+    worst: tuple[str, RetryPolicy, timedelta] | None = None
     for queue, policy in policies:
-        window = policy.max_window()
-        exposure = window + lease
-        margin = max(exposure, timedelta(hours=1))
-        needed = exposure + margin
-        if ttl <= needed:
-            return (
-                f"fence TTL {ttl} is too short for queue {queue!r}: retry window {window} "
-                f"+ lease {lease} = {exposure}, plus margin {margin} = {needed}; a retry after "
-                f"the fence expired would apply the work twice. Use fence_ttl > {needed} "
-                f"(the default is {DEFAULT_FENCE_TTL})."
-            )
-    return None
+        exposure = fence_exposure(policy, lease)
+        if worst is None or exposure > worst[2]:
+            worst = (queue, policy, exposure)
+    if worst is None:
+        return None
+    queue, policy, exposure = worst
+    margin = max(exposure, MIN_FENCE_MARGIN)
+    needed = exposure + margin
+    if ttl > needed:
+        return None
+    delays = [_span(policy.ceiling(n)) for n in range(1, policy.max_retries + 1)]
+    window = " + ".join(delays) if delays else "no retries"
+    return (
+        f"fence TTL {_span(ttl)} is too short for queue {queue!r}: retry window "
+        f"{_span(policy.max_window())} ({window}) + {policy.max_attempts} attempts × lease "
+        f"{_span(lease)} = {_span(exposure)} during which a delivery can still arrive; plus a "
+        f"margin of {_span(margin)} (as much again, at least {_span(MIN_FENCE_MARGIN)}) the "
+        f"TTL must exceed {_span(needed)}. A delivery after its fence expired would apply the "
+        f"work twice: use fence_ttl > {_span(needed)} (the default is "
+        f"{_span(DEFAULT_FENCE_TTL)})."
+    )
 
 
 class App:
@@ -62,7 +99,8 @@ class App:
     ``postgresql://…`` or ``sqlite:///file.db``; default ``$JOBFENCE_DATABASE_URL`` or
     ``sqlite:///jobfence.db``. ``transport`` is another queue (a URL or a
     :class:`~jobfence.transports.Transport`); by default the queue is a table next to the
-    fence, and acks commit with the work.
+    fence, and acks commit with the work. ``maintenance`` sets what workers do in the
+    background: fence cleanup, alert delivery (:class:`~jobfence.cleanup.Maintenance`).
     """
 
     def __init__(
@@ -75,6 +113,7 @@ class App:
         payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
         auto_migrate: bool | None = None,
         observers: Sequence[Observer] = (),
+        maintenance: Maintenance | None = None,
     ) -> None:
         self.url: DatabaseURL = parse_database_url(database_url)
         if lease <= timedelta(0):
@@ -87,6 +126,7 @@ class App:
         self.auto_migrate = self.url.dialect == "sqlite" if auto_migrate is None else auto_migrate
         self.consumers: dict[str, Consumer] = {}
         self._extra_observers = list(observers)
+        self.maintenance = maintenance or Maintenance()
         self.observers = Observers([])
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._db: Database | None = None

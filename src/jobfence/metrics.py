@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from .errors import Category
 from .jobs import Delivery, Job
@@ -37,6 +37,21 @@ HANDLER_SECONDS = Histogram(
     "Handler run time of jobs that committed.",
     ["queue"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+# Gauges read from the database (refreshed by workers' maintenance and by the ops API's
+# /metrics; see jobfence.deadletters.refresh_gauges).
+PENDING_REVIEW = Gauge(
+    "jobfence_dead_letters_pending_review",
+    "Dead letters waiting for a person to replay or discard them.",
+    ["queue", "category"],
+)
+QUEUE_DEPTH = Gauge(
+    "jobfence_queue_depth", "Jobs in the database queue, by state.", ["queue", "state"]
+)
+ALERTS_UNDELIVERED = Gauge(
+    "jobfence_alert_deliveries_pending",
+    "Alert deliveries not yet accepted by their sink (due later or being retried).",
 )
 
 

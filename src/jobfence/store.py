@@ -66,15 +66,45 @@ class DeadLetter:
     failed_at: datetime
     payload: bytes | None = None
     history: list[AttemptRecord] = field(default_factory=list)
+    partner: str | None = None  # tenant scope for the ops API (see partner_of)
+    previous_id: int | None = None  # the replayed letter this one failed again after
+    reviewed_at: datetime | None = None
+    reviewed_by: str | None = None
+    review_reason: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready, without the payload."""
         data = asdict(self)
         data.pop("payload")
-        for key in ("enqueued_at", "failed_at"):
+        for key in ("enqueued_at", "failed_at", "reviewed_at"):
             value = data[key]
             data[key] = value.isoformat() if value is not None else None
         return data
+
+
+#: Top-level field of a JSON-object payload that names the partner (tenant) a job belongs to.
+PARTNER_FIELD = "partner_id"
+_PARTNER_SCAN_LIMIT = 1024 * 1024
+
+
+def partner_of(payload: bytes) -> str | None:
+    """The partner of a job: ``payload["partner_id"]`` when the payload is a JSON object whose
+    ``partner_id`` is a non-blank string of at most 200 characters; otherwise None. Payloads
+    over 1 MiB, invalid JSON or absurd nesting are simply "no partner"."""
+    if len(payload) > _PARTNER_SCAN_LIMIT or payload.lstrip()[:1] != b"{":
+        return None
+    try:
+        data = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    value = data.get(PARTNER_FIELD) if isinstance(data, dict) else None
+    if not isinstance(value, str) or not value.strip() or len(value) > 200 or "\x00" in value:
+        return None
+    try:
+        value.encode("utf-8")  # a lone surrogate is no name
+    except UnicodeEncodeError:
+        return None
+    return value
 
 
 def to_datetime(value: Any) -> datetime | None:
@@ -246,6 +276,7 @@ class Store:
             "error": error,
             "history": json.dumps([asdict(h) for h in delivery.history]),
             "enqueued_at": from_datetime(self.dialect, delivery.enqueued_at),
+            "partner": partner_of(payload),
         }
         async with self.db.transaction() as tx:
             if ack:
@@ -292,6 +323,11 @@ class Store:
             failed_at=failed_at,
             payload=bytes(payload) if payload is not None else None,
             history=history_of(row["history"]) if "history" in row else [],
+            partner=row.get("partner"),
+            previous_id=row.get("previous_id"),
+            reviewed_at=to_datetime(row.get("reviewed_at")),
+            reviewed_by=row.get("reviewed_by"),
+            review_reason=row.get("review_reason"),
         )
 
     async def queue_depth(self) -> list[dict[str, Any]]:

@@ -212,10 +212,19 @@ class Worker:
                     log.exception("lease renewal failed")
 
     async def _maintenance(self) -> None:
-        interval = max(min(self.app.lease.total_seconds() / 2, 5.0), 0.2)
-        while True:
-            try:
-                await self.app.transport.maintenance()
-            except Exception:
-                log.exception("queue maintenance failed")
-            await asyncio.sleep(interval)
+        """Queue upkeep (expired leases) plus the app's housekeeping: fence cleanup, alert
+        delivery and database gauges (see :mod:`jobfence.cleanup`)."""
+        from .cleanup import housekeeping
+
+        async def queue_upkeep() -> None:
+            interval = max(min(self.app.lease.total_seconds() / 2, 5.0), 0.2)
+            while True:
+                try:
+                    await self.app.transport.maintenance()
+                except Exception:
+                    log.exception("queue maintenance failed")
+                await asyncio.sleep(interval)
+
+        async with asyncio.TaskGroup() as group:
+            group.create_task(queue_upkeep(), name="jobfence-queue-upkeep")
+            group.create_task(housekeeping(self.app), name="jobfence-housekeeping")

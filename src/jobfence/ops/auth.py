@@ -87,7 +87,7 @@ def require(role: Literal["viewer", "operator"]) -> Callable[..., Awaitable[Prin
 
     async def dependency(
         request: Request,
-        credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+        credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
     ) -> Principal:
         if credentials is None or credentials.scheme.lower() != "bearer":
             raise _unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")

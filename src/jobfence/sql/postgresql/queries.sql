@@ -136,7 +136,8 @@ SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS now
 -- name: insert_dead_letter
 INSERT INTO core.dead_letters (
     queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
-    attempts, error_category, error_code, last_error, history, enqueued_at)
+    attempts, error_category, error_code, last_error, history, enqueued_at, partner,
+    previous_id)
 VALUES (
     %(queue)s, %(consumer)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(payload_size)s,
     %(payload_truncated)s, %(attempts)s, %(category)s, %(error_code)s, %(error)s,
@@ -145,13 +146,17 @@ VALUES (
         'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
         'category', %(category)s::text,
         'error', %(error)s::text)),
-    %(enqueued_at)s)
+    %(enqueued_at)s, %(partner)s,
+    -- a replayed job that fails again links to the letter it was replayed from
+    (SELECT max(id) FROM core.dead_letters
+     WHERE job_id = %(job_id)s AND consumer = %(consumer)s AND status = 'replayed'))
 ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: list_dead_letters
 SELECT id, queue, consumer, job_id, correlation_id, payload_size, payload_truncated,
-       attempts, error_category, error_code, last_error, status, enqueued_at, failed_at
+       attempts, error_category, error_code, last_error, status, enqueued_at, failed_at,
+       partner, previous_id, reviewed_at, reviewed_by, review_reason
 FROM core.dead_letters
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -162,7 +167,7 @@ LIMIT %(limit)s
 -- name: get_dead_letter
 SELECT id, queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
        attempts, error_category, error_code, last_error, history, status, enqueued_at,
-       failed_at
+       failed_at, partner, previous_id, reviewed_at, reviewed_by, review_reason
 FROM core.dead_letters WHERE id = %(id)s
 
 -- name: queue_depth

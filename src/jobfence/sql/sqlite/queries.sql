@@ -113,19 +113,24 @@ SELECT {NOW_ISO} AS now
 -- name: insert_dead_letter
 INSERT INTO core_dead_letters (
     queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
-    attempts, error_category, error_code, last_error, history, enqueued_at, failed_at)
+    attempts, error_category, error_code, last_error, history, enqueued_at, failed_at, partner,
+    previous_id)
 VALUES (
     :queue, :consumer, :job_id, :correlation_id, :payload, :payload_size, :payload_truncated,
     :attempts, :category, :error_code, :error,
     json_insert(:history, '$[#]', json_object(
         'attempt', :attempts, 'at', {NOW_ISO}, 'category', :category, 'error', :error)),
-    :enqueued_at, {NOW})
+    :enqueued_at, {NOW}, :partner,
+    -- a replayed job that fails again links to the letter it was replayed from
+    (SELECT max(id) FROM core_dead_letters
+     WHERE job_id = :job_id AND consumer = :consumer AND status = 'replayed'))
 ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: list_dead_letters
 SELECT id, queue, consumer, job_id, correlation_id, payload_size, payload_truncated,
-       attempts, error_category, error_code, last_error, status, enqueued_at, failed_at
+       attempts, error_category, error_code, last_error, status, enqueued_at, failed_at,
+       partner, previous_id, reviewed_at, reviewed_by, review_reason
 FROM core_dead_letters
 WHERE (:status IS NULL OR status = :status)
   AND (:queue IS NULL OR queue = :queue)
@@ -136,7 +141,7 @@ LIMIT :limit
 -- name: get_dead_letter
 SELECT id, queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
        attempts, error_category, error_code, last_error, history, status, enqueued_at,
-       failed_at
+       failed_at, partner, previous_id, reviewed_at, reviewed_by, review_reason
 FROM core_dead_letters WHERE id = :id
 
 -- name: queue_depth

@@ -1,0 +1,911 @@
+"""Dead letters for people (SPEC D2, D3, D5): find them, understand them, act on them.
+
+One copy of each operation; the CLI (``jobfence dead-letters …``) and the ops HTTP API
+(:mod:`jobfence.ops`) are thin doors onto these functions, so both behave the same.
+
+Review states, enforced by the database (CHECK constraints and a trigger)::
+
+    pending_review ──replay──►  replayed    (the job is republished with the same job_id)
+          │
+          └──────discard────►  discarded   (needs a non-blank reason)
+
+A decision is final: a decided letter never changes again. Every action appends a row to
+the append-only audit log (who, when, what, why). A replay and a discard racing on one letter
+both ask for ``status = 'pending_review'`` in one UPDATE: exactly one wins, the other gets
+:class:`~jobfence.errors.ReviewConflict`.
+
+**Replay** republishes the job with the same job_id, payload and correlation_id, so the
+consumer's fence turns a job that was meanwhile applied into a skipped duplicate. With the
+database queue in the same database the republish is an INSERT in the transaction that marks
+the letter replayed and writes the audit row: nothing lost, nothing doubled. With another
+transport (a broker, or a queue in another database) the publish happens *inside* that still
+open transaction, before it commits: if the publish fails the letter stays pending; if the
+commit fails after a successful publish the letter stays pending too and a later replay
+publishes the job again — a duplicate delivery that the fence absorbs. A replay is never lost.
+A letter whose job_id is already fenced for its consumer is marked replayed without
+republishing (``already_applied``): its effect exists.
+
+**Bulk replay** works on a fixed snapshot: :func:`preview_replay` stores the ids a filter
+matches (with counts and a sample), :func:`start_replay` needs the operator to confirm that
+count, and :func:`execute_replay` works through the snapshot in batches — rate-limited, with a
+progress callback, recording an outcome per item. It is resumable and idempotent: only items
+without an outcome are attempted, and only letters still pending are republished, so running
+it again (or a new bulk replay over the same filter) republishes nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, Literal, TypeVar
+
+from .db import Database, Tx
+from .errors import Category, JobfenceError, ReviewConflict, clean_text
+from .store import DeadLetter, OutgoingJob, Store, from_datetime, to_datetime
+from .transports import Transport
+
+T = TypeVar("T")
+
+Via = Literal["cli", "api", "library"]
+ItemOutcome = Literal["published", "already_applied", "not_pending", "truncated"]
+
+MAX_PAGE = 200
+MAX_BULK = 100_000
+MAX_IDS = 10_000
+MAX_REASON = 4000
+PREVIEW_TTL = timedelta(hours=1)
+RUNNER_LEASE = timedelta(seconds=60)
+DEFAULT_BATCH = 500
+BROKER_BATCH = 100  # payloads travel through Python when the queue is not in this database
+
+STATUSES = ("pending_review", "replayed", "discarded")
+
+
+class NotFound(JobfenceError):
+    """No such dead letter or replay — or it is outside the caller's partner scope."""
+
+
+class InvalidRequest(JobfenceError):
+    """A request that cannot be carried out as given (a blank reason, a bad filter…)."""
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who acts, through which door, and within which partner scope (None: all partners)."""
+
+    name: str
+    via: Via = "library"
+    partner: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 200:
+            raise InvalidRequest("the actor (who is acting) must be 1–200 characters")
+
+    def sees(self, partner: str | None) -> bool:
+        return self.partner is None or self.partner == partner
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which dead letters: every given criterion must match. ``error`` is a case-insensitive
+    substring of the last error; ``since``/``until`` bound ``failed_at`` (until excluded)."""
+
+    queue: str | None = None
+    consumer: str | None = None
+    category: str | None = None
+    error: str | None = None
+    job_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    ids: tuple[int, ...] | None = None
+    status: str | None = None  # for listing; a bulk replay takes pending letters only
+
+    def check(self) -> Filter:
+        """Validate; raise :class:`InvalidRequest` saying what is wrong."""
+        if self.category is not None and self.category not in {c.value for c in Category}:
+            raise InvalidRequest(
+                f"unknown category {self.category!r}; one of: "
+                + ", ".join(c.value for c in Category)
+            )
+        if self.status is not None and self.status not in STATUSES:
+            raise InvalidRequest(f"unknown status {self.status!r}; one of: {', '.join(STATUSES)}")
+        for name in ("queue", "consumer", "job_id", "error"):
+            value = getattr(self, name)
+            if value is not None and (not value or len(value) > 500 or "\x00" in value):
+                raise InvalidRequest(f"{name} must be 1–500 characters without NUL")
+        since, until = _aware(self.since), _aware(self.until)
+        if since is not None and until is not None and since >= until:
+            raise InvalidRequest("since must be before until")
+        if self.ids is not None and (len(self.ids) > MAX_IDS or any(i < 1 for i in self.ids)):
+            raise InvalidRequest(f"ids must be at most {MAX_IDS} positive letter ids")
+        return replace(self, since=since, until=until)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.criteria()
+
+    def criteria(self) -> dict[str, Any]:
+        """The given criteria, JSON-ready (what a replay records as its filter)."""
+        out: dict[str, Any] = {}
+        for name in ("queue", "consumer", "category", "error", "job_id", "status"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = _aware(value).isoformat()  # type: ignore[union-attr]
+        if self.ids is not None:
+            out["ids"] = list(self.ids)
+        return out
+
+    def params(self, dialect: str, partner: str | None) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "queue": self.queue,
+            "consumer": self.consumer,
+            "category": self.category,
+            "job_id": self.job_id,
+            "error": _like(self.error) if self.error is not None else None,
+            "since": from_datetime(dialect, _aware(self.since)),  # type: ignore[arg-type]
+            "until": from_datetime(dialect, _aware(self.until)),  # type: ignore[arg-type]
+            "ids": _ids(dialect, self.ids) if self.ids is not None else None,
+            "partner": partner,
+        }
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a listing; pass ``next_cursor`` back to get the next (None: the end)."""
+
+    items: list[T]
+    next_cursor: int | None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    id: int
+    at: datetime
+    actor: str
+    via: str
+    action: str
+    partner: str | None
+    dead_letter_id: int | None
+    replay_id: int | None
+    reason: str | None
+    details: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "at": self.at.isoformat()}
+
+
+@dataclass(frozen=True)
+class LetterView:
+    """Everything a person needs to understand one letter."""
+
+    letter: DeadLetter
+    followers: list[int]  # letters of the same job that failed after this one was replayed
+    audit: list[AuditEntry]
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    dead_letter_id: int
+    outcome: ItemOutcome
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplayPreview:
+    """What a bulk replay will touch: the snapshot's size, a breakdown and a sample."""
+
+    replay_id: int
+    total: int
+    expires_at: datetime
+    filter: dict[str, Any]
+    breakdown: list[dict[str, Any]]  # queue, category, letters, truncated, applied
+    sample: list[dict[str, Any]]
+
+    @property
+    def already_applied(self) -> int:
+        return sum(int(row["applied"]) for row in self.breakdown)
+
+    @property
+    def truncated(self) -> int:
+        return sum(int(row["truncated"]) for row in self.breakdown)
+
+
+@dataclass(frozen=True)
+class ReplayStatus:
+    id: int
+    state: str  # previewed | running | done
+    total: int
+    counts: dict[str, int]  # outcome → items ("pending": not yet attempted)
+    filter: dict[str, Any]
+    partner: str | None
+    created_by: str
+    created_at: datetime
+    expires_at: datetime
+    confirmed_by: str | None
+    confirmed_at: datetime | None
+    finished_at: datetime | None
+    runner: str | None = None
+    runner_lost: bool = False
+
+    @property
+    def done(self) -> int:
+        return self.total - self.counts.get("pending", 0)
+
+
+@dataclass(frozen=True)
+class Stats:
+    letters: list[dict[str, Any]]  # queue, category, status, letters
+    queue_depth: list[dict[str, Any]] | None = field(default=None)  # None for partner scopes
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _ids(dialect: str, ids: Iterable[int]) -> Any:
+    values = [int(i) for i in ids]
+    return values if dialect == "postgresql" else json.dumps(values)
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _reason(reason: str | None, *, required: bool) -> str | None:
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidRequest("the reason must be text")
+    text = clean_text(reason.strip(), MAX_REASON) if reason is not None else ""
+    if required and not text:
+        raise InvalidRequest(
+            "a discard needs a reason: say why this letter needs no replay "
+            "(e.g. 'order cancelled by the partner, ticket OPS-123')"
+        )
+    return text or None
+
+
+def _limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidRequest(f"page size must be between 1 and {MAX_PAGE}")
+    return limit
+
+
+def _when(value: Any) -> str:
+    moment = to_datetime(value)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "?"
+
+
+def _decided(row: Mapping[str, Any]) -> str:
+    return (
+        f"dead letter {row['id']} was already {row['status']} by {row['reviewed_by']} at "
+        f"{_when(row['reviewed_at'])}; a review decision is final"
+    )
+
+
+def _entry(row: Mapping[str, Any]) -> AuditEntry:
+    details = row["details"]
+    if isinstance(details, str | bytes):
+        details = json.loads(details)
+    at = to_datetime(row["at"])
+    assert at is not None
+    return AuditEntry(
+        id=int(row["id"]),
+        at=at,
+        actor=row["actor"],
+        via=row["via"],
+        action=row["action"],
+        partner=row["partner"],
+        dead_letter_id=row["dead_letter_id"],
+        replay_id=row["replay_id"],
+        reason=row["reason"],
+        details=dict(details or {}),
+    )
+
+
+def payload_view(payload: bytes | None) -> dict[str, Any]:
+    """A payload as people read it: UTF-8 text when it is, base64 otherwise."""
+    if payload is None:
+        return {"encoding": "none", "data": None}
+    try:
+        return {"encoding": "utf-8", "data": payload.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"encoding": "base64", "data": base64.b64encode(payload).decode("ascii")}
+
+
+def shares_transaction(transport: Transport) -> bool:
+    """Whether a replay can republish in its own transaction (the database queue, same db)."""
+    from .transports.database import DatabaseQueue
+
+    return isinstance(transport, DatabaseQueue) and transport.shares_database
+
+
+async def record(
+    tx: Tx,
+    actor: Actor,
+    action: str,
+    *,
+    dead_letter_id: int | None = None,
+    replay_id: int | None = None,
+    partner: str | None = None,
+    reason: str | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> int:
+    """Append one audit row in ``tx`` (commits or rolls back with the action it records)."""
+    rows = await tx.q(
+        "audit_insert",
+        {
+            "actor": actor.name,
+            "via": actor.via,
+            "action": action,
+            "partner": partner,
+            "dead_letter_id": dead_letter_id,
+            "replay_id": replay_id,
+            "reason": reason,
+            "details": json.dumps(dict(details or {})),
+        },
+    )
+    return int(rows[0]["id"])
+
+
+# -- find and understand -------------------------------------------------------------------
+
+
+async def search(
+    db: Database,
+    flt: Filter,
+    *,
+    actor: Actor,
+    limit: int = 50,
+    before: int | None = None,
+) -> Page[DeadLetter]:
+    """Letters matching ``flt`` within the actor's scope, newest first, without payloads."""
+    flt = flt.check()
+    params = {**flt.params(db.dialect, actor.partner), "before": before, "limit": _limit(limit)}
+    rows = await db.run("dl_search", params)
+    store = Store(db)
+    letters = [store._dead_letter(row) for row in rows]
+    cursor = letters[-1].id if len(letters) == limit else None
+    return Page(letters, cursor)
+
+
+async def show(db: Database, letter_id: int, *, actor: Actor) -> LetterView:
+    """One letter with its payload, every attempt, its replay chain and its audit trail."""
+    letter = await Store(db).get_dead_letter(letter_id)
+    if letter is None or not actor.sees(letter.partner):
+        raise NotFound(f"no dead letter {letter_id}")
+    followers = await db.run("dl_followers", {"id": letter.id, "job_id": letter.job_id})
+    trail = await db.run(
+        "audit_list",
+        {
+            "partner": actor.partner,
+            "dead_letter_id": letter.id,
+            "replay_id": None,
+            "actor": None,
+            "before": None,
+            "limit": 100,
+        },
+    )
+    return LetterView(letter, [int(r["id"]) for r in followers], [_entry(r) for r in trail])
+
+
+async def audit(
+    db: Database,
+    *,
+    actor: Actor,
+    dead_letter_id: int | None = None,
+    replay_id: int | None = None,
+    by: str | None = None,
+    before: int | None = None,
+    limit: int = 50,
+) -> Page[AuditEntry]:
+    """The audit log (newest first), within the actor's scope."""
+    rows = await db.run(
+        "audit_list",
+        {
+            "partner": actor.partner,
+            "dead_letter_id": dead_letter_id,
+            "replay_id": replay_id,
+            "actor": by,
+            "before": before,
+            "limit": _limit(limit),
+        },
+    )
+    entries = [_entry(r) for r in rows]
+    return Page(entries, entries[-1].id if len(entries) == limit else None)
+
+
+async def stats(db: Database, *, actor: Actor, queue_db: Database | None = None) -> Stats:
+    """Letters by queue, category and status; the queue depth for unscoped callers."""
+    rows = await db.run("dl_stats", {"partner": actor.partner})
+    letters = [{**r, "letters": int(r["letters"])} for r in rows]
+    if actor.partner is not None:
+        return Stats(letters)
+    depth = await Store(queue_db or db).queue_depth()
+    return Stats(letters, [{**r, "jobs": int(r["jobs"])} for r in depth])
+
+
+async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None:
+    """Set the pending-review, queue-depth and undelivered-alert gauges (SPEC K1)."""
+    from .metrics import ALERTS_UNDELIVERED, PENDING_REVIEW, QUEUE_DEPTH
+
+    pending = await db.run("dl_pending_counts")
+    depth = await Store(queue_db or db).queue_depth()
+    undelivered = await db.run("alerts_undelivered")
+    PENDING_REVIEW.clear()
+    for row in pending:
+        PENDING_REVIEW.labels(row["queue"], row["category"]).set(int(row["letters"]))
+    QUEUE_DEPTH.clear()
+    for row in depth:
+        QUEUE_DEPTH.labels(row["queue"], row["state"]).set(int(row["jobs"]))
+    ALERTS_UNDELIVERED.set(int(undelivered[0]["deliveries"]))
+
+
+# -- act: discard ----------------------------------------------------------------------------
+
+
+async def discard(db: Database, letter_id: int, *, actor: Actor, reason: str) -> DeadLetter:
+    """Discard a pending letter; ``reason`` must say why (blank is refused)."""
+    why = _reason(reason, required=True)
+    async with db.transaction() as tx:
+        done = await tx.q(
+            "dl_discard",
+            {"id": letter_id, "actor": actor.name, "reason": why, "scope": actor.partner},
+        )
+        rows = await tx.q("dl_lock_for_review", {"ids": _ids(db.dialect, [letter_id])})
+        if not rows or not actor.sees(rows[0]["partner"]):
+            raise NotFound(f"no dead letter {letter_id}")
+        if not done:
+            raise ReviewConflict(_decided(rows[0]))
+        await tx.q(
+            "audit_letters",
+            {
+                "actor": actor.name,
+                "via": actor.via,
+                "action": "dead_letter.discard",
+                "replay_id": None,
+                "reason": why,
+                "details": json.dumps({"outcome": "discarded"}),
+                "ids": _ids(db.dialect, [letter_id]),
+            },
+        )
+    letter = await Store(db).get_dead_letter(letter_id)
+    assert letter is not None
+    return letter
+
+
+# -- act: replay -----------------------------------------------------------------------------
+
+
+async def replay(
+    db: Database,
+    transport: Transport,
+    letter_id: int,
+    *,
+    actor: Actor,
+    reason: str | None = None,
+) -> ItemResult:
+    """Replay one pending letter: ``published`` or ``already_applied``.
+
+    Raises :class:`NotFound` (no such letter in scope) or
+    :class:`~jobfence.errors.ReviewConflict` (already decided, or its payload was truncated).
+    """
+    results = await _replay_ids(
+        db, transport, [letter_id], actor=actor, reason=_reason(reason, required=False), single=True
+    )
+    return results[0]
+
+
+async def _replay_ids(
+    db: Database,
+    transport: Transport,
+    ids: Sequence[int],
+    *,
+    actor: Actor,
+    reason: str | None,
+    replay_id: int | None = None,
+    runner: str | None = None,
+    single: bool = False,
+) -> list[ItemResult]:
+    in_tx = shares_transaction(transport)
+    results: list[ItemResult] = []
+    async with db.transaction() as tx:
+        if replay_id is not None:
+            renewed = await tx.q(
+                "replay_renew",
+                {"id": replay_id, "runner": runner, "lease": RUNNER_LEASE.total_seconds()},
+            )
+            if not renewed:
+                raise ReviewConflict(
+                    f"replay {replay_id} is no longer ours to run (another runner took it over)"
+                )
+        rows = {
+            int(r["id"]): r
+            for r in await tx.q("dl_lock_for_review", {"ids": _ids(db.dialect, ids)})
+        }
+        for letter_id in ids:
+            row = rows.get(letter_id)
+            if row is None or not actor.sees(row["partner"]):
+                if single:
+                    raise NotFound(f"no dead letter {letter_id}")
+                results.append(ItemResult(letter_id, "not_pending", "not found in scope"))
+            elif row["status"] != "pending_review":
+                if single:
+                    raise ReviewConflict(_decided(row))
+                detail = f"already {row['status']} by {row['reviewed_by']}"
+                results.append(ItemResult(letter_id, "not_pending", detail))
+            elif row["payload_truncated"]:
+                detail = (
+                    "its payload was truncated when it was dead-lettered, so it cannot be "
+                    "republished; recover the job from its source, then discard this letter"
+                )
+                if single:
+                    raise ReviewConflict(f"dead letter {letter_id}: {detail}")
+                results.append(ItemResult(letter_id, "truncated", detail))
+            elif row["applied"]:
+                detail = (
+                    "its job_id is fenced (the effect exists): marked replayed, not republished"
+                )
+                results.append(ItemResult(letter_id, "already_applied", detail))
+            else:
+                results.append(ItemResult(letter_id, "published"))
+
+        publish = [r.dead_letter_id for r in results if r.outcome == "published"]
+        applied = [r.dead_letter_id for r in results if r.outcome == "already_applied"]
+        if publish or applied:
+            await tx.q(
+                "dl_mark_replayed",
+                {
+                    "ids": _ids(db.dialect, publish + applied),
+                    "actor": actor.name,
+                    "reason": reason,
+                },
+            )
+        if publish:
+            if in_tx:
+                await tx.q("dl_requeue", {"ids": _ids(db.dialect, publish)})
+            else:
+                payloads = await tx.q("dl_payloads", {"ids": _ids(db.dialect, publish)})
+                await transport.publish(
+                    [
+                        OutgoingJob(
+                            r["queue"], r["job_id"], bytes(r["payload"]), r["correlation_id"]
+                        )
+                        for r in payloads
+                    ]
+                )
+        for outcome, letters in (("published", publish), ("already_applied", applied)):
+            if letters:
+                await tx.q(
+                    "audit_letters",
+                    {
+                        "actor": actor.name,
+                        "via": actor.via,
+                        "action": "dead_letter.replay",
+                        "replay_id": replay_id,
+                        "reason": reason,
+                        "details": json.dumps({"outcome": outcome}),
+                        "ids": _ids(db.dialect, letters),
+                    },
+                )
+        if replay_id is not None:
+            groups: dict[tuple[str, str | None], list[int]] = {}
+            for r in results:
+                groups.setdefault((r.outcome, r.detail), []).append(r.dead_letter_id)
+            for (outcome, note), letters in groups.items():
+                await tx.q(
+                    "replay_items_done",
+                    {
+                        "replay_id": replay_id,
+                        "ids": _ids(db.dialect, letters),
+                        "outcome": outcome,
+                        "detail": note,
+                    },
+                )
+    if publish and in_tx:
+        transport.wake()  # local workers (SQLite has no notifications)
+    return results
+
+
+# -- act: bulk replay ------------------------------------------------------------------------
+
+
+async def preview_replay(
+    db: Database,
+    flt: Filter,
+    *,
+    actor: Actor,
+    all_pending: bool = False,
+    sample: int = 10,
+    expires_in: timedelta = PREVIEW_TTL,
+    limit: int = MAX_BULK,
+) -> ReplayPreview:
+    """Snapshot the pending letters ``flt`` matches (the dry run of a bulk replay).
+
+    Nothing is republished: this stores the exact ids, returns their count, a breakdown
+    (with how many are already applied or truncated) and a sample. Run it with
+    :func:`start_replay` + :func:`execute_replay` (or :func:`run_replay`) before it expires.
+    """
+    flt = replace(flt.check(), status=None)
+    if flt.is_empty and not all_pending:
+        raise InvalidRequest(
+            "say which letters to replay: give a filter (queue, category, error text, time "
+            "range, ids…), or ask for every pending letter explicitly (all_pending)"
+        )
+    if not 0 <= sample <= 100:
+        raise InvalidRequest("sample must be between 0 and 100")
+    criteria = flt.criteria() or {"all_pending": True}
+    async with db.transaction() as tx:
+        created = await tx.q(
+            "replay_create",
+            {
+                "actor": actor.name,
+                "partner": actor.partner,
+                "filter": json.dumps(criteria),
+                "expires_in": expires_in.total_seconds(),
+            },
+        )
+        replay_id = int(created[0]["id"])
+        await tx.q(
+            "replay_snapshot",
+            {**flt.params(db.dialect, actor.partner), "replay_id": replay_id, "limit": limit + 1},
+        )
+        total = int((await tx.q("replay_set_total", {"replay_id": replay_id}))[0]["total"])
+        if total > limit:
+            raise InvalidRequest(
+                f"the filter matches more than {limit} pending letters; narrow it (for "
+                "example with a time range) and replay in several steps"
+            )
+        breakdown = [
+            {
+                "queue": r["queue"],
+                "category": r["category"],
+                "letters": int(r["letters"]),
+                "truncated": int(r["truncated"] or 0),
+                "applied": int(r["applied"] or 0),
+            }
+            for r in await tx.q("replay_breakdown", {"replay_id": replay_id})
+        ]
+        samples = [
+            {**r, "failed_at": to_datetime(r["failed_at"])}
+            for r in await tx.q("replay_sample", {"replay_id": replay_id, "limit": sample})
+        ]
+        await record(
+            tx,
+            actor,
+            "replay.preview",
+            replay_id=replay_id,
+            partner=actor.partner,
+            details={"total": total, "filter": criteria},
+        )
+        status = await _replay_row(tx, replay_id)
+    return ReplayPreview(
+        replay_id=replay_id,
+        total=total,
+        expires_at=status["expires_at"],
+        filter=criteria,
+        breakdown=breakdown,
+        sample=samples,
+    )
+
+
+async def _replay_row(tx: Tx, replay_id: int) -> dict[str, Any]:
+    rows = await tx.q("replay_get", {"id": replay_id})
+    if not rows:
+        raise NotFound(f"no replay {replay_id}")
+    row = dict(rows[0])
+    for key in ("created_at", "expires_at", "confirmed_at", "runner_until", "finished_at"):
+        row[key] = to_datetime(row[key])
+    if isinstance(row["filter"], str):
+        row["filter"] = json.loads(row["filter"])
+    return row
+
+
+async def replay_status(db: Database, replay_id: int, *, actor: Actor) -> ReplayStatus:
+    async with db.transaction() as tx:
+        row = await _replay_row(tx, replay_id)
+        if not actor.sees(row["partner"]):
+            raise NotFound(f"no replay {replay_id}")
+        counts = {
+            r["outcome"]: int(r["items"]) for r in await tx.q("replay_counts", {"id": replay_id})
+        }
+    return ReplayStatus(
+        id=int(row["id"]),
+        state=row["state"],
+        total=int(row["total"]),
+        counts=counts,
+        filter=row["filter"],
+        partner=row["partner"],
+        created_by=row["created_by"],
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        confirmed_by=row["confirmed_by"],
+        confirmed_at=row["confirmed_at"],
+        finished_at=row["finished_at"],
+        runner=row["runner"],
+        runner_lost=bool(row["runner_lost"]),
+    )
+
+
+async def replay_items(
+    db: Database,
+    replay_id: int,
+    *,
+    actor: Actor,
+    outcome: str | None = None,
+    after: int | None = None,
+    limit: int = 100,
+) -> Page[dict[str, Any]]:
+    """The per-item report of a bulk replay (``outcome`` "pending": not yet attempted)."""
+    await replay_status(db, replay_id, actor=actor)  # existence and scope
+    if outcome is not None and outcome not in (
+        "pending",
+        "published",
+        "already_applied",
+        "not_pending",
+        "truncated",
+    ):
+        raise InvalidRequest(f"unknown outcome {outcome!r}")
+    rows = await db.run(
+        "replay_items_list",
+        {"id": replay_id, "outcome": outcome, "after": after, "limit": _limit(limit)},
+    )
+    items = [{**r, "done_at": to_datetime(r["done_at"])} for r in rows]
+    cursor = int(items[-1]["dead_letter_id"]) if len(items) == limit else None
+    return Page(items, cursor)
+
+
+async def start_replay(
+    db: Database, replay_id: int, *, actor: Actor, expected_total: int, runner: str
+) -> ReplayStatus:
+    """Confirm a previewed bulk replay (``expected_total`` must be the count the operator
+    saw) and take it for ``runner``; also resumes one whose runner stopped."""
+    async with db.transaction() as tx:
+        row = await _replay_row(tx, replay_id)
+        if not actor.sees(row["partner"]):
+            raise NotFound(f"no replay {replay_id}")
+        if row["state"] == "done":
+            raise ReviewConflict(
+                f"replay {replay_id} already finished at {_when(row['finished_at'])}"
+            )
+        if row["state"] == "previewed" and row["expired"]:
+            raise ReviewConflict(
+                f"the preview of replay {replay_id} expired at {_when(row['expires_at'])}; "
+                "preview again to see what a replay would touch now"
+            )
+        if row["state"] == "running" and row["runner"] != runner and not row["runner_lost"]:
+            raise ReviewConflict(
+                f"replay {replay_id} is being run by {row['runner']} (until "
+                f"{_when(row['runner_until'])})"
+            )
+        if expected_total != int(row["total"]):
+            raise ReviewConflict(
+                f"replay {replay_id} covers {row['total']} letters but {expected_total} were "
+                "confirmed; look at its preview again and confirm its count"
+            )
+        claimed = await tx.q(
+            "replay_claim",
+            {
+                "id": replay_id,
+                "actor": actor.name,
+                "runner": runner,
+                "lease": RUNNER_LEASE.total_seconds(),
+            },
+        )
+        if not claimed:
+            raise ReviewConflict(f"replay {replay_id} could not be started; look at its status")
+        await record(
+            tx,
+            actor,
+            "replay.start" if row["state"] == "previewed" else "replay.resume",
+            replay_id=replay_id,
+            partner=row["partner"],
+            details={"total": int(row["total"]), "runner": runner},
+        )
+    return await replay_status(db, replay_id, actor=actor)
+
+
+Progress = Callable[[int, int], None]
+
+
+async def execute_replay(
+    db: Database,
+    transport: Transport,
+    replay_id: int,
+    *,
+    actor: Actor,
+    runner: str,
+    rate: float | None = None,
+    batch_size: int = DEFAULT_BATCH,
+    on_progress: Progress | None = None,
+    reason: str | None = None,
+) -> ReplayStatus:
+    """Work through a started replay's snapshot: at most ``rate`` letters per second (None:
+    as fast as the database allows), ``on_progress(done, total)`` after each batch."""
+    if rate is not None and rate <= 0:
+        raise InvalidRequest("rate must be positive (letters per second), or None")
+    if batch_size < 1:
+        raise InvalidRequest("batch_size must be at least 1")
+    status = await replay_status(db, replay_id, actor=actor)
+    why = _reason(reason, required=False) or f"bulk replay {replay_id}"
+    step = batch_size if rate is None else max(1, min(batch_size, int(rate)))
+    if not shares_transaction(transport):
+        step = min(step, BROKER_BATCH)
+    done, total = status.done, status.total
+    if on_progress is not None:
+        on_progress(done, total)
+    started, sent = time.monotonic(), 0
+    while True:
+        todo = await db.run("replay_todo", {"id": replay_id, "limit": step})
+        if not todo:
+            break
+        ids = [int(r["id"]) for r in todo]
+        await _replay_ids(
+            db, transport, ids, actor=actor, reason=why, replay_id=replay_id, runner=runner
+        )
+        done, sent = done + len(ids), sent + len(ids)
+        if on_progress is not None:
+            on_progress(done, total)
+        if rate is not None:
+            ahead = started + sent / rate - time.monotonic()
+            if ahead > 0:
+                await asyncio.sleep(ahead)  # the rate limit
+    async with db.transaction() as tx:
+        if await tx.q("replay_finish", {"id": replay_id, "runner": runner}):
+            counts = {
+                r["outcome"]: int(r["items"])
+                for r in await tx.q("replay_counts", {"id": replay_id})
+            }
+            await record(
+                tx,
+                actor,
+                "replay.finish",
+                replay_id=replay_id,
+                partner=status.partner,
+                details={"counts": counts},
+            )
+    return await replay_status(db, replay_id, actor=actor)
+
+
+async def run_replay(
+    db: Database,
+    transport: Transport,
+    replay_id: int,
+    *,
+    actor: Actor,
+    expected_total: int,
+    rate: float | None = None,
+    batch_size: int = DEFAULT_BATCH,
+    on_progress: Progress | None = None,
+    runner: str | None = None,
+) -> ReplayStatus:
+    """Confirm and run a previewed bulk replay to the end (what the CLI does)."""
+    import os
+    import socket
+    import uuid
+
+    who = runner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    await start_replay(db, replay_id, actor=actor, expected_total=expected_total, runner=who)
+    return await execute_replay(
+        db,
+        transport,
+        replay_id,
+        actor=actor,
+        runner=who,
+        rate=rate,
+        batch_size=batch_size,
+        on_progress=on_progress,
+    )
