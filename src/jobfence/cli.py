@@ -427,6 +427,7 @@ def _extensions() -> None:
 #: Modules that register more commands on import.
 EXTENSIONS: list[str] = [
     "jobfence.cli_outbox",
+    "jobfence.cli_deadletters",
 ]
 
 
