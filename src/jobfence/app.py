@@ -133,6 +133,9 @@ class App:
         self._transport: Transport | None = None
         self._owned: list[Database] = []
         self._open_lock: asyncio.Lock | None = None
+        # Benchmarks only (bench/throughput.py measures what the fence costs). Turning the
+        # fence off removes the effectively-once guarantee; nothing else ever sets this.
+        self._fence_enabled = True
         self._transport_spec: str | Transport | None = None
         if transport is not None:
             self.use_transport(transport)
@@ -459,6 +462,7 @@ class App:
         concurrency: int = 10,
         poll_interval: float = 2.0,
         shutdown_grace: float = 30.0,
+        prefetch: int | None = None,
     ) -> Any:
         """A :class:`~jobfence.worker.Worker` for this app (``await worker.run()``)."""
         from .worker import Worker
@@ -469,4 +473,5 @@ class App:
             concurrency=concurrency,
             poll_interval=poll_interval,
             shutdown_grace=shutdown_grace,
+            prefetch=prefetch,
         )

@@ -128,6 +128,10 @@ def _queue_list(value: str | None) -> list[str] | None:
     default=None,
     help="Serve Prometheus /metrics on this port (127.0.0.1).",
 )
+@click.option(
+    "--prefetch", type=click.IntRange(0, 10_000), default=None,
+    help="Jobs claimed ahead of free slots (default: the concurrency).",
+)
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
 @click.option(
     "--shutdown-grace",
@@ -152,6 +156,7 @@ def worker(
     queues: str | None,
     concurrency: int,
     metrics_port: int | None,
+    prefetch: int | None,
     metrics_host: str,
     shutdown_grace: float,
     log_format: str,
@@ -458,4 +463,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    # `python -m jobfence.cli`: run the group of the importable module `jobfence.cli`, the
+    # one that extension modules add their commands to (not this `__main__` copy's)
+    from jobfence.cli import main as _main
+
+    _main()

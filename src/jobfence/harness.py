@@ -82,6 +82,7 @@ class Harness:
         fence_ttl: timedelta,
         payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
         executor: Executor | None = None,
+        fence_enabled: bool = True,
     ) -> None:
         self.consumers = consumers
         self.db = db
@@ -91,6 +92,7 @@ class Harness:
         self.fence_ttl = fence_ttl
         self.payload_limit = payload_limit
         self.executor = executor
+        self.fence_enabled = fence_enabled
 
     async def handle(self, delivery: Delivery) -> Outcome:
         consumer = self.consumers.get(delivery.queue)
@@ -130,10 +132,15 @@ class Harness:
         ack_in_tx = self.transport.shares_database
         duration = 0.0
         try:
-            async with self.db.transaction() as tx:
-                fenced = await self.store.fence(
-                    tx, consumer.name, delivery, self.fence_ttl, ack=ack_in_tx
-                )
+            steps, params = self.store.fence_plan(
+                consumer.name,
+                delivery,
+                self.fence_ttl,
+                ack=ack_in_tx,
+                enabled=self.fence_enabled,
+            )
+            async with self.db.work(steps, params) as (tx, results):
+                fenced = self.store.fence_outcome(steps, results)
                 if fenced is FenceOutcome.LOST:
                     raise _LeaseLost
                 if fenced is FenceOutcome.FENCED:

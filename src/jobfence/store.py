@@ -216,14 +216,22 @@ class Store:
 
     # -- the fence --------------------------------------------------------------------------
 
-    async def fence(
-        self, tx: Tx, consumer: str, delivery: Delivery, ttl: timedelta, *, ack: bool
-    ) -> FenceOutcome:
-        """Insert the fence row first thing in the work transaction (SPEC F2, F6).
+    def fence_plan(
+        self,
+        consumer: str,
+        delivery: Delivery,
+        ttl: timedelta,
+        *,
+        ack: bool,
+        enabled: bool = True,
+    ) -> tuple[list[str], dict[str, Any]]:
+        """The named steps (and their parameters) that open a work transaction: insert the
+        fence row first (SPEC F2, F6), and with ``ack`` delete the queue row in the same
+        transaction — on PostgreSQL in one statement. ``enabled=False`` leaves the fence out
+        (benchmarks measure its cost; never in use).
 
-        With ``ack`` the queue row is deleted in the same statement/transaction, so the
-        acknowledgement commits or rolls back with the work. A parallel duplicate blocks on
-        the fence's unique key until the first transaction ends.
+        A parallel duplicate blocks on the fence's unique key until the first transaction
+        ends, then sees the row (skip) or not (proceed).
         """
         params = {
             "consumer": consumer,
@@ -232,14 +240,40 @@ class Store:
             "id": delivery.ref,
             "token": delivery.token,
         }
+        if not enabled:
+            return (["ack"] if ack else []), params
         if ack and self.dialect == "postgresql":
-            row = (await tx.q("fence_and_ack", params))[0]
+            return ["fence_and_ack"], params
+        return (["ack", "fence"] if ack else ["fence"]), params
+
+    @staticmethod
+    def fence_outcome(steps: list[str], results: list[list[dict[str, Any]]]) -> FenceOutcome:
+        """Read the outcome of :meth:`fence_plan`'s steps."""
+        rows = dict(zip(steps, results, strict=True))
+        if "fence_and_ack" in rows:
+            row = rows["fence_and_ack"][0]
             if not row["acked"]:
                 return FenceOutcome.LOST
             return FenceOutcome.FENCED if row["fenced"] else FenceOutcome.DUPLICATE
-        if ack and not await tx.q("ack", params):
+        if "ack" in rows and not rows["ack"]:
             return FenceOutcome.LOST
-        return FenceOutcome.FENCED if await tx.q("fence", params) else FenceOutcome.DUPLICATE
+        if "fence" in rows and not rows["fence"]:
+            return FenceOutcome.DUPLICATE
+        return FenceOutcome.FENCED
+
+    async def fence(
+        self,
+        tx: Tx,
+        consumer: str,
+        delivery: Delivery,
+        ttl: timedelta,
+        *,
+        ack: bool,
+        enabled: bool = True,
+    ) -> FenceOutcome:
+        """Fence a delivery inside an already open transaction (see :meth:`fence_plan`)."""
+        steps, params = self.fence_plan(consumer, delivery, ttl, ack=ack, enabled=enabled)
+        return self.fence_outcome(steps, [await tx.q(step, params) for step in steps])
 
     # -- dead letters -----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ jobs are handed back to the queue).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import signal
@@ -43,9 +44,12 @@ class Worker:
         concurrency: int = 10,
         poll_interval: float = 2.0,
         shutdown_grace: float = 30.0,
+        prefetch: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch is not None and prefetch < 0:
+            raise ValueError("prefetch must be >= 0")
         self.app = app
         known = sorted(app.consumers)
         wanted = list(queues) if queues else known
@@ -65,6 +69,9 @@ class Worker:
         self.concurrency = concurrency
         self.poll_interval = poll_interval
         self.shutdown_grace = shutdown_grace
+        #: jobs claimed beyond the free slots, held (with renewed leases) until a slot frees
+        self.prefetch = concurrency if prefetch is None else prefetch
+        self._buffer: collections.deque[Delivery] = collections.deque()
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
         self._inflight: dict[asyncio.Task[Outcome], Delivery] = {}
@@ -100,6 +107,7 @@ class Worker:
             fence_ttl=app.fence_ttl,
             payload_limit=app.payload_limit,
             executor=executor,
+            fence_enabled=app._fence_enabled,
         )
         background = [
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
@@ -132,26 +140,27 @@ class Worker:
 
     async def _loop(self, harness: Harness) -> None:
         while not self._stop.is_set():
-            free = self.concurrency - len(self._inflight)
-            if free <= 0:
+            while self._buffer and len(self._inflight) < self.concurrency:
+                delivery = self._buffer.popleft()
+                task = asyncio.create_task(harness.handle(delivery))
+                self._inflight[task] = delivery
+                task.add_done_callback(self._done)
+            if len(self._inflight) >= self.concurrency:
                 stop = asyncio.ensure_future(self._stop.wait())
                 await asyncio.wait([*self._inflight, stop], return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
                 continue
             try:
-                deliveries = await self._fetch(free)
+                # claim for the free slots plus a prefetch, so one round trip feeds many jobs
+                free = self.concurrency - len(self._inflight)
+                self._buffer.extend(await self._fetch(free + self.prefetch))
             except Exception:
                 log.exception("fetch failed; retrying shortly")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), timeout=1.0)
-                continue
-            for delivery in deliveries:
-                if self._stop.is_set():
-                    await self._give_back(delivery)
-                    continue
-                task = asyncio.create_task(harness.handle(delivery))
-                self._inflight[task] = delivery
-                task.add_done_callback(self._done)
+        # stopping: what was claimed but never started goes back, without costing an attempt
+        while self._buffer:
+            await self._give_back(self._buffer.popleft())
 
     async def _fetch(self, limit: int) -> list[Delivery]:
         """Fetch, but give up as soon as a stop is requested (a fetch may be queued behind a
@@ -205,9 +214,10 @@ class Worker:
         interval = max(self.app.lease.total_seconds() / 3, 0.2)
         while True:
             await asyncio.sleep(interval)
-            if self._inflight:
+            held = [*self._inflight.values(), *self._buffer]
+            if held:
                 try:
-                    await self.app.transport.extend(list(self._inflight.values()))
+                    await self.app.transport.extend(held)
                 except Exception:
                     log.exception("lease renewal failed")
 

@@ -114,6 +114,14 @@ class Database(ABC):
         """A pooled connection inside a transaction that commits on success."""
 
     @abstractmethod
+    def work(
+        self, steps: Sequence[str], params: Mapping[str, Any]
+    ) -> AbstractAsyncContextManager[tuple[Tx, list[list[Row]]]]:
+        """A transaction that starts by running the named ``steps`` (one parameter set for
+        all), in as few round trips as the driver allows; yields the transaction and each
+        step's rows, and commits on success."""
+
+    @abstractmethod
     async def run(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         """Run one named query in its own transaction (autocommit)."""
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, LiteralString
 
 import psycopg
+from psycopg import AsyncClientCursor
 from psycopg import sql as pgsql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -120,6 +123,31 @@ class PostgresDatabase(Database):
     async def transaction(self) -> AsyncIterator[Tx]:
         async with self._connection() as conn, conn.transaction():
             yield PgTx(conn, self.sql)
+
+    @asynccontextmanager
+    async def work(
+        self, steps: Sequence[str], params: Mapping[str, Any]
+    ) -> AsyncIterator[tuple[Tx, list[list[Row]]]]:
+        """BEGIN and the steps go to the server as one query (client-side binding, one round
+        trip); the handler's statements follow on the same connection; then COMMIT."""
+        query = "; ".join(["BEGIN", *(self.sql[step] for step in steps)])
+        async with self._connection() as conn:
+            try:
+                results: list[list[Row]] = []
+                async with AsyncClientCursor(conn, row_factory=dict_row) as cur:
+                    await cur.execute(query, params)
+                    while True:
+                        if cur.description is not None:
+                            results.append(await cur.fetchall())
+                        if not cur.nextset():
+                            break
+                yield PgTx(conn, self.sql), results
+                await conn.execute("COMMIT")
+            except BaseException:
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        await asyncio.shield(conn.execute("ROLLBACK"))
+                raise
 
     async def run(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         async with self._connection() as conn:

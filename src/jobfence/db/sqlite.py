@@ -150,6 +150,13 @@ class SQLiteDatabase(Database):
                     await asyncio.shield(conn.execute("ROLLBACK"))
                 raise
 
+    @asynccontextmanager
+    async def work(
+        self, steps: Sequence[str], params: Mapping[str, Any]
+    ) -> AsyncIterator[tuple[Tx, list[list[Row]]]]:
+        async with self.transaction() as tx:
+            yield tx, [await tx.q(step, params) for step in steps]
+
     async def run(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         async with self.lock, self._connection() as conn:
             return await _named(conn, self.sql[name], params)
