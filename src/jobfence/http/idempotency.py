@@ -30,7 +30,6 @@ import hashlib
 import inspect
 import json
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -390,7 +389,6 @@ class IdempotencyMiddleware:
                 )
                 return
             if row["state"] == "in_progress":
-                left = float(row["lease_left"] or 0.0)
                 await _send_problem(
                     send,
                     409,
@@ -398,7 +396,7 @@ class IdempotencyMiddleware:
                     "Request with this idempotency key still in progress",
                     "the first request with this key has not finished; retry shortly to get "
                     "its response",
-                    extra_headers=[(b"retry-after", str(max(1, min(math.ceil(left), 5))).encode())],
+                    extra_headers=[(b"retry-after", b"1")],
                 )
                 return
             await _send_replay(send, _stored(row))

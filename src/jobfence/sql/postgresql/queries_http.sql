@@ -26,7 +26,6 @@ RETURNING lease_token::text AS lease_token, expires_at
 
 -- name: idempotency_get
 SELECT fingerprint, state, status_code, response_headers, response_body, expires_at,
-       extract(epoch FROM (lease_expires_at - now()))::float8 AS lease_left,
        expires_at <= now() AS expired
 FROM core.idempotency_keys WHERE partner_id = %(partner_id)s AND key = %(key)s
 

@@ -23,7 +23,6 @@ RETURNING lease_token, expires_at
 
 -- name: idempotency_get
 SELECT fingerprint, state, status_code, response_headers, response_body, expires_at,
-       lease_expires_at - {NOW} AS lease_left,
        expires_at <= {NOW} AS expired
 FROM core_idempotency_keys WHERE partner_id = :partner_id AND key = :key
 
