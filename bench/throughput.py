@@ -1,6 +1,7 @@
 """Throughput of the durable-effect workload on PostgreSQL, with and without the fence.
 
-    python bench/throughput.py [--jobs 20000] [--concurrency 1,8,32] [--repeat 3]
+    python bench/throughput.py [--jobs 20000] [--concurrency 1,8,32] [--batch-sizes 1,10]
+                               [--repeat 3]
 
 Each run: a fresh database, N jobs enqueued in bulk, then one in-process worker drains them;
 every job's effect is one INSERT committed before the job is acknowledged. "without fence"
@@ -25,7 +26,7 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from jobfence import App, Job, Tx
+from jobfence import App, Job, Observer, Tx
 
 ADMIN = os.environ.get("JOBFENCE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -36,17 +37,31 @@ class Run:
     cpu_per_1000: float
 
 
+class _Counter(Observer):
+    """Sets ``done`` when ``target`` jobs have committed (no polling)."""
+
+    def __init__(self, target: int, done: asyncio.Event) -> None:
+        self.left = target
+        self.done = done
+
+    def job_processed(self, job: Job[Any], duration: float) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.done.set()
+
+
 def _url(name: str) -> str:
     return ADMIN.rsplit("/", 1)[0] + "/" + name
 
 
-async def one_run(jobs: int, concurrency: int, fence: bool) -> Run:
+async def one_run(jobs: int, concurrency: int, fence: bool, batch_size: int = 1) -> Run:
     name = f"jf_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
     try:
         url = _url(name)
-        app = App(url, auto_migrate=True)
+        done = asyncio.Event()
+        app = App(url, auto_migrate=True, observers=[_Counter(jobs, done)])
         app._fence_enabled = fence
 
         @app.consumer("bench")
@@ -61,18 +76,18 @@ async def one_run(jobs: int, concurrency: int, fence: bool) -> Run:
             batch = [app.job("bench", {"n": i}, job_id=f"job-{i}") for i in range(jobs)]
             for start in range(0, jobs, 5000):
                 await app.enqueue_many(batch[start : start + 5000])
-            worker = app.worker(concurrency=concurrency, poll_interval=0.2)
+            worker = app.worker(concurrency=concurrency, poll_interval=0.2, batch_size=batch_size)
             cpu0, t0 = time.process_time(), time.perf_counter()
             task = asyncio.create_task(worker.run())
-            while worker.stats.handled < jobs:
-                await asyncio.sleep(0.01)
+            await done.wait()
             elapsed = time.perf_counter() - t0
             cpu = time.process_time() - cpu0
             worker.request_stop()
             await task
             async with app.db.transaction() as tx:
                 row = await tx.fetchone("SELECT count(*) FROM effects")
-            assert row is not None and row[0] == jobs, row
+            if row is None or row[0] != jobs:
+                raise RuntimeError(f"expected {jobs} effects, found {row}")
         return Run(jobs / elapsed, cpu / jobs * 1000)
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as admin:
@@ -88,12 +103,19 @@ async def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--batch-sizes", default="1,10", help="group-commit sizes to measure (1 = off)"
+    )
     args = parser.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = [
+        (int(c), int(b)) for b in args.batch_sizes.split(",") for c in args.concurrency.split(",")
+    ]
     console = Console()
-    table = Table(title=f"durable-effect throughput, {args.jobs:,} jobs, PostgreSQL (median of {args.repeat})")
+    table = Table(
+        title=f"durable-effect throughput, {args.jobs:,} jobs, PostgreSQL (median of {args.repeat})"
+    )
     for column in (
-        "concurrency",
+        "concurrency × batch",
         "with fence jobs/s",
         "spread",
         "without fence jobs/s",
@@ -102,14 +124,14 @@ async def main() -> None:
         "CPU s / 1000 jobs (fence)",
     ):
         table.add_column(column, justify="right")
-    for level in levels:
+    for level, batch in levels:
         with_fence: list[Run] = []
         without: list[Run] = []
         for _ in range(args.repeat):  # interleave so drift hits both sides alike
-            with_fence.append(await one_run(args.jobs, level, fence=True))
-            without.append(await one_run(args.jobs, level, fence=False))
+            with_fence.append(await one_run(args.jobs, level, fence=True, batch_size=batch))
+            without.append(await one_run(args.jobs, level, fence=False, batch_size=batch))
             console.print(
-                f"  c={level}: fence {with_fence[-1].jobs_per_s:,.0f} jobs/s, "
+                f"  c={level} b={batch}: fence {with_fence[-1].jobs_per_s:,.0f} jobs/s, "
                 f"no fence {without[-1].jobs_per_s:,.0f} jobs/s",
                 style="dim",
             )
@@ -117,7 +139,7 @@ async def main() -> None:
         b = [r.jobs_per_s for r in without]
         cost = 1 - statistics.median(a) / statistics.median(b)
         table.add_row(
-            str(level),
+            f"{level} × {batch}",
             f"{statistics.median(a):,.0f}",
             _spread(a),
             f"{statistics.median(b):,.0f}",

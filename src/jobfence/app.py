@@ -463,6 +463,7 @@ class App:
         poll_interval: float = 2.0,
         shutdown_grace: float = 30.0,
         prefetch: int | None = None,
+        batch_size: int = 1,
     ) -> Any:
         """A :class:`~jobfence.worker.Worker` for this app (``await worker.run()``)."""
         from .worker import Worker
@@ -474,4 +475,5 @@ class App:
             poll_interval=poll_interval,
             shutdown_grace=shutdown_grace,
             prefetch=prefetch,
+            batch_size=batch_size,
         )

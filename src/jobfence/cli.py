@@ -129,8 +129,17 @@ def _queue_list(value: str | None) -> list[str] | None:
     help="Serve Prometheus /metrics on this port (127.0.0.1).",
 )
 @click.option(
-    "--prefetch", type=click.IntRange(0, 10_000), default=None,
-    help="Jobs claimed ahead of free slots (default: the concurrency).",
+    "--batch-size",
+    type=click.IntRange(1, 1000),
+    default=1,
+    show_default=True,
+    help="Group commit: jobs per transaction, each in its own savepoint (PostgreSQL queue).",
+)
+@click.option(
+    "--prefetch",
+    type=click.IntRange(0, 10_000),
+    default=None,
+    help="Jobs claimed ahead of free slots (default: concurrency × batch size).",
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
 @click.option(
@@ -156,6 +165,7 @@ def worker(
     queues: str | None,
     concurrency: int,
     metrics_port: int | None,
+    batch_size: int,
     prefetch: int | None,
     metrics_host: str,
     shutdown_grace: float,
@@ -173,7 +183,11 @@ def worker(
     if transport:
         app.use_transport(transport)
     w = app.worker(
-        queues=_queue_list(queues), concurrency=concurrency, shutdown_grace=shutdown_grace
+        queues=_queue_list(queues),
+        concurrency=concurrency,
+        shutdown_grace=shutdown_grace,
+        prefetch=prefetch,
+        batch_size=batch_size,
     )
     if metrics_port:
         try:

@@ -20,17 +20,19 @@ import asyncio
 import contextvars
 import enum
 import inspect
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 from .codec import Decoder, PoisonPayload
 from .db import Database, SyncTx, Tx, current_tx
+from .db.postgres import PostgresDatabase
 from .errors import Category, Retry, classify, describe, error_code
 from .jobs import Delivery, Job
 from .observers import Observers
@@ -94,7 +96,9 @@ class Harness:
         self.executor = executor
         self.fence_enabled = fence_enabled
 
-    async def handle(self, delivery: Delivery) -> Outcome:
+    async def _screen(self, delivery: Delivery) -> tuple[Consumer, Job[Any]] | Outcome:
+        """Everything decided before a transaction: unknown queue, attempts exhausted by lost
+        workers, poison payloads (all dead-lettered at once); else the consumer and the job."""
         consumer = self.consumers.get(delivery.queue)
         if consumer is None:
             return await self._dead(
@@ -129,6 +133,14 @@ class Harness:
             enqueued_at=delivery.enqueued_at,
             history=tuple(delivery.history),
         )
+        return consumer, job
+
+    async def handle(self, delivery: Delivery) -> Outcome:
+        """One delivery in its own transaction."""
+        screened = await self._screen(delivery)
+        if isinstance(screened, Outcome):
+            return screened
+        consumer, job = screened
         ack_in_tx = self.transport.shares_database
         duration = 0.0
         try:
@@ -170,6 +182,159 @@ class Harness:
             return Outcome.DUPLICATE
         self.observers.job_processed(job, duration)
         return Outcome.PROCESSED
+
+    @property
+    def can_batch(self) -> bool:
+        """Group commit needs the queue in the fence's database, on PostgreSQL."""
+        return self.transport.shares_database and isinstance(self.db, PostgresDatabase)
+
+    async def handle_batch(self, deliveries: list[Delivery]) -> list[Outcome]:
+        """Group commit: several deliveries in one transaction, each job in its own savepoint.
+
+        One statement acks and fences the whole batch; each handler then runs in a savepoint,
+        so a failing job rolls back alone (its fence row is removed and its retry or dead
+        letter is written in the same transaction); one COMMIT makes every job's work and
+        fence durable together. Guarantees are those of :meth:`handle`, per job.
+        """
+        if len(deliveries) == 1 or not self.can_batch:
+            return [await self.handle(d) for d in deliveries]
+        outcomes: dict[int, Outcome] = {}
+        screened: list[tuple[int, Delivery, Consumer, Job[Any]]] = []
+        for index, delivery in enumerate(deliveries):
+            result = await self._screen(delivery)
+            if isinstance(result, Outcome):
+                outcomes[index] = result
+            else:
+                screened.append((index, delivery, *result))
+        if screened:
+            await self._run_batch(screened, outcomes)
+        return [outcomes[i] for i in range(len(deliveries))]
+
+    async def _run_batch(
+        self,
+        screened: list[tuple[int, Delivery, Consumer, Job[Any]]],
+        outcomes: dict[int, Outcome],
+    ) -> None:
+        assert isinstance(self.db, PostgresDatabase)
+        params = {
+            "ids": [d.ref for _, d, _, _ in screened],
+            "tokens": [d.token for _, d, _, _ in screened],
+            "consumers": [c.name for _, _, c, _ in screened],
+            "job_ids": [d.job_id for _, d, _, _ in screened],
+            "ttl": self.fence_ttl.total_seconds(),
+        }
+        step = "batch_fence_and_ack" if self.fence_enabled else "batch_ack"
+        notes: list[Callable[[], None]] = []
+        committed: list[tuple[Job[Any], float]] = []
+        started = False
+        try:
+            async with self.db.batch(step, params) as (batch, rows):
+                by_id = {row["id"]: row for row in rows}
+                fenced_keys: set[tuple[str, str]] = set()
+                for index, delivery, consumer, job in screened:
+                    row = by_id[delivery.ref]
+                    key = (consumer.name, delivery.job_id)
+                    if not row["acked"]:
+                        outcomes[index] = Outcome.LOST
+                        notes.append(partial(self.observers.job_lost, delivery, consumer.name))
+                        continue
+                    if not row["fenced"] or key in fenced_keys:
+                        outcomes[index] = Outcome.DUPLICATE
+                        notes.append(partial(self.observers.job_duplicate, delivery, consumer.name))
+                        continue
+                    fenced_keys.add(key)
+                    started = True
+                    self.observers.job_started(job)
+                    began = time.perf_counter()
+                    try:
+                        async with batch.job() as tx:
+                            await self._call(consumer, job, tx)
+                    except Exception as exc:
+                        outcomes[index] = await self._failed_in_batch(
+                            batch.tx, delivery, consumer, exc, notes
+                        )
+                    else:
+                        outcomes[index] = Outcome.PROCESSED
+                        committed.append((job, time.perf_counter() - began))
+        except asyncio.CancelledError:
+            for _, delivery, _, _ in screened:
+                await asyncio.shield(self._release(delivery))
+            raise
+        except Exception:
+            if not started:
+                # nothing ran: let each delivery take the single path (and its error handling)
+                for index, delivery, _, _ in screened:
+                    outcomes[index] = await self.handle(delivery)
+                return
+            log.exception("group commit failed; its jobs go back to the queue")
+            for index, delivery, _, _ in screened:
+                await self._release(delivery)
+                outcomes[index] = Outcome.FAILED_TO_RECORD
+            return
+        for job, duration in committed:
+            await self.observers.after_commit(job)
+            self.observers.job_processed(job, duration)
+        for note in notes:
+            note()
+
+    async def _failed_in_batch(
+        self,
+        tx: Tx,
+        delivery: Delivery,
+        consumer: Consumer,
+        exc: Exception,
+        notes: list[Callable[[], None]],
+    ) -> Outcome:
+        """A job of a batch failed; its savepoint is rolled back. Undo its fence and ack, and
+        write its retry or dead letter, all in the batch's transaction."""
+        category = classify(exc)
+        requested = exc.delay if isinstance(exc, Retry) else None
+        decision = consumer.policy.decide(category, delivery.attempt, requested_delay=requested)
+        error = describe(exc)
+        key = {"consumer": consumer.name, "job_id": delivery.job_id}
+        if self.fence_enabled:
+            await tx.q("unfence", key)
+        if decision.retry:
+            await tx.q(
+                "requeue",
+                {
+                    "queue": delivery.queue,
+                    "job_id": delivery.job_id,
+                    "correlation_id": delivery.correlation_id,
+                    "payload": delivery.payload,
+                    "attempts": delivery.attempt,
+                    "delay": decision.delay.total_seconds(),
+                    "enqueued_at": delivery.enqueued_at,
+                    "history": json.dumps([asdict(h) for h in delivery.history]),
+                    "category": category.value,
+                    "error": error,
+                },
+            )
+            notes.append(
+                partial(
+                    self.observers.job_retry,
+                    delivery,
+                    consumer.name,
+                    category,
+                    decision.delay,
+                    error,
+                )
+            )
+            return Outcome.RETRY
+        letter_id = await self.store.write_dead_letter(
+            delivery,
+            consumer.name,
+            category,
+            error,
+            error_code(exc),
+            ack=False,
+            payload_limit=self.payload_limit,
+            tx=tx,
+        )
+        notes.append(
+            partial(self.observers.job_dead, delivery, consumer.name, category, error, letter_id)
+        )
+        return Outcome.DEAD
 
     async def _call(self, consumer: Consumer, job: Job[Any], tx: Tx) -> None:
         token = current_tx.set(tx)

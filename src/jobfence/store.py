@@ -287,14 +287,37 @@ class Store:
         *,
         ack: bool,
         payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
+        tx: Tx | None = None,
     ) -> int | None:
         """Record a dead letter (idempotent: one pending letter per consumer and job_id).
 
-        With ``ack`` the queue row goes in the same transaction. Returns the new letter's id,
-        or None when a pending letter for this job already existed.
+        With ``ack`` the queue row goes in the same transaction; with ``tx`` the letter is
+        written in that (open) transaction. Returns the new letter's id, or None when a
+        pending letter for this job already existed.
         """
+        params = self.dead_letter_params(delivery, consumer, category, error, code, payload_limit)
+        if tx is not None:
+            if ack:
+                await tx.q("ack", params)
+            rows = await tx.q("insert_dead_letter", params)
+        else:
+            async with self.db.transaction() as own:
+                if ack:
+                    await own.q("ack", params)
+                rows = await own.q("insert_dead_letter", params)
+        return int(rows[0]["id"]) if rows else None
+
+    def dead_letter_params(
+        self,
+        delivery: Delivery,
+        consumer: str,
+        category: Category,
+        error: str,
+        code: str | None,
+        payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
+    ) -> dict[str, Any]:
         payload = delivery.payload
-        params = {
+        return {
             "id": delivery.ref,
             "token": delivery.token,
             "queue": delivery.queue,
@@ -312,11 +335,6 @@ class Store:
             "enqueued_at": from_datetime(self.dialect, delivery.enqueued_at),
             "partner": partner_of(payload),
         }
-        async with self.db.transaction() as tx:
-            if ack:
-                await tx.q("ack", params)
-            rows = await tx.q("insert_dead_letter", params)
-        return int(rows[0]["id"]) if rows else None
 
     async def list_dead_letters(
         self,

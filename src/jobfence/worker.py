@@ -45,9 +45,12 @@ class Worker:
         poll_interval: float = 2.0,
         shutdown_grace: float = 30.0,
         prefetch: int | None = None,
+        batch_size: int = 1,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
         if prefetch is not None and prefetch < 0:
             raise ValueError("prefetch must be >= 0")
         self.app = app
@@ -69,12 +72,15 @@ class Worker:
         self.concurrency = concurrency
         self.poll_interval = poll_interval
         self.shutdown_grace = shutdown_grace
+        #: group commit: up to this many jobs share one transaction (PostgreSQL, queue in the
+        #: same database), each in its own savepoint; 1 = one transaction per job
+        self.batch_size = batch_size
         #: jobs claimed beyond the free slots, held (with renewed leases) until a slot frees
-        self.prefetch = concurrency if prefetch is None else prefetch
+        self.prefetch = concurrency * batch_size if prefetch is None else prefetch
         self._buffer: collections.deque[Delivery] = collections.deque()
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
-        self._inflight: dict[asyncio.Task[Outcome], Delivery] = {}
+        self._inflight: dict[asyncio.Task[list[Outcome]], list[Delivery]] = {}
 
     def request_stop(self) -> None:
         """Stop fetching and shut down gracefully (what SIGTERM does)."""
@@ -141,10 +147,7 @@ class Worker:
     async def _loop(self, harness: Harness) -> None:
         while not self._stop.is_set():
             while self._buffer and len(self._inflight) < self.concurrency:
-                delivery = self._buffer.popleft()
-                task = asyncio.create_task(harness.handle(delivery))
-                self._inflight[task] = delivery
-                task.add_done_callback(self._done)
+                self._start(harness)
             if len(self._inflight) >= self.concurrency:
                 stop = asyncio.ensure_future(self._stop.wait())
                 await asyncio.wait([*self._inflight, stop], return_when=asyncio.FIRST_COMPLETED)
@@ -152,7 +155,7 @@ class Worker:
                 continue
             try:
                 # claim for the free slots plus a prefetch, so one round trip feeds many jobs
-                free = self.concurrency - len(self._inflight)
+                free = (self.concurrency - len(self._inflight)) * self.batch_size
                 self._buffer.extend(await self._fetch(free + self.prefetch))
             except Exception:
                 log.exception("fetch failed; retrying shortly")
@@ -181,7 +184,17 @@ class Worker:
         except asyncio.CancelledError:
             return []
 
-    def _done(self, task: asyncio.Task[Outcome]) -> None:
+    def _start(self, harness: Harness) -> None:
+        """Start the next batch: the buffer spread over the free slots, at most
+        ``batch_size`` each, so batches form only when there is a backlog."""
+        free = self.concurrency - len(self._inflight)
+        size = min(self.batch_size, -(-len(self._buffer) // free))
+        batch = [self._buffer.popleft() for _ in range(size)]
+        task = asyncio.create_task(harness.handle_batch(batch))
+        self._inflight[task] = batch
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[list[Outcome]]) -> None:
         self._inflight.pop(task, None)
         if task.cancelled():
             return
@@ -189,7 +202,8 @@ class Worker:
         if exc is not None:  # the harness handles everything; this is a bug if it happens
             log.error("harness raised", exc_info=exc)
             return
-        self.stats.outcomes[task.result()] += 1
+        for outcome in task.result():
+            self.stats.outcomes[outcome] += 1
 
     async def _give_back(self, delivery: Delivery) -> None:
         try:
@@ -214,7 +228,7 @@ class Worker:
         interval = max(self.app.lease.total_seconds() / 3, 0.2)
         while True:
             await asyncio.sleep(interval)
-            held = [*self._inflight.values(), *self._buffer]
+            held = [d for batch in self._inflight.values() for d in batch] + list(self._buffer)
             if held:
                 try:
                     await self.app.transport.extend(held)

@@ -60,6 +60,73 @@ class PgTx(Tx):
         await self._conn.execute(sql)
 
 
+class PgPipelineTx(PgTx):
+    """A job's view of a group-commit transaction running in pipeline mode.
+
+    Each statement is followed by a sync, so results, row counts and errors belong to the
+    statement that caused them; the SAVEPOINT/RELEASE around the job travel for free with
+    its first and next statements.
+    """
+
+    def __init__(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        pipeline: psycopg.AsyncPipeline,
+        sql: Mapping[str, LiteralString],
+    ) -> None:
+        super().__init__(conn, sql)
+        self._pipeline = pipeline
+
+    async def execute(self, sql: str, params: Params = None) -> int:
+        cur = await self._conn.execute(sql, params)
+        await self._pipeline.sync()
+        return cur.rowcount
+
+    async def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
+        cur = await self._conn.execute(sql, params)
+        await self._pipeline.sync()
+        if cur.description is None:
+            return []
+        return await cur.fetchall()
+
+    async def q(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        cur = self._conn.cursor(row_factory=dict_row)
+        await cur.execute(self._sql[name], params)
+        await self._pipeline.sync()
+        return await cur.fetchall() if cur.description is not None else []
+
+
+class PgBatch:
+    """A group-commit transaction: many jobs, each in its own savepoint."""
+
+    def __init__(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        pipeline: psycopg.AsyncPipeline,
+        sql: Mapping[str, LiteralString],
+    ) -> None:
+        self.tx = PgPipelineTx(conn, pipeline, sql)
+        self._conn = conn
+        self._pipeline = pipeline
+
+    @asynccontextmanager
+    async def job(self) -> AsyncIterator[Tx]:
+        """A savepoint for one job: released if the block succeeds, rolled back if it raises
+        (the batch's other jobs are untouched)."""
+        await self._conn.execute("SAVEPOINT jobfence_job")
+        try:
+            yield self.tx
+            await self._pipeline.sync()  # errors of anything still queued are this job's
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                await self._pipeline.sync()  # clear a pending error before rolling back
+            await self._conn.execute("ROLLBACK TO SAVEPOINT jobfence_job")
+            await self._conn.execute("RELEASE SAVEPOINT jobfence_job")
+            await self._pipeline.sync()
+            raise
+        await self._conn.execute("RELEASE SAVEPOINT jobfence_job")
+
+
 async def _named(
     conn: psycopg.AsyncConnection[Any], query: LiteralString, params: Mapping[str, Any] | None
 ) -> list[Row]:
@@ -145,6 +212,28 @@ class PostgresDatabase(Database):
                 await conn.execute("COMMIT")
             except BaseException:
                 if conn.info.transaction_status != TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        await asyncio.shield(conn.execute("ROLLBACK"))
+                raise
+
+    @asynccontextmanager
+    async def batch(
+        self, step: str, params: Mapping[str, Any]
+    ) -> AsyncIterator[tuple[PgBatch, list[Row]]]:
+        """Group commit: BEGIN and ``step`` in one round trip, then the jobs (see
+        :meth:`PgBatch.job`), then COMMIT — all on one connection in pipeline mode."""
+        async with self._connection() as conn:
+            try:
+                async with conn.pipeline() as pipeline:
+                    await conn.execute("BEGIN")
+                    cur = conn.cursor(row_factory=dict_row)
+                    await cur.execute(self.sql[step], params)
+                    await pipeline.sync()
+                    rows = await cur.fetchall()
+                    yield PgBatch(conn, pipeline, self.sql), rows
+                    await conn.execute("COMMIT")
+            except BaseException:
+                if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):
                         await asyncio.shield(conn.execute("ROLLBACK"))
                 raise
