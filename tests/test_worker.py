@@ -269,3 +269,32 @@ def test_a_worker_for_an_unknown_queue_is_refused() -> None:
 
     with pytest.raises(ConfigurationError, match="no consumer for queue\\(s\\) nope"):
         app.worker(queues=["nope"])
+
+
+async def test_bulk_enqueue_uses_copy_inside_the_callers_transaction(pg_database: str) -> None:
+    """A bulk enqueue (COPY on PostgreSQL) joins the caller's transaction: rolled back, no
+    job exists; committed, every job exists with its exact payload and correlation id."""
+    from jobfence.store import COPY_THRESHOLD
+
+    app = App(pg_database)
+    n = COPY_THRESHOLD * 4
+    jobs = [
+        app.job("bulk", {"n": i, "text": "ünïcode\\n\t"}, job_id=f"b-{i}", correlation_id=f"c-{i}")
+        for i in range(n)
+    ]
+    jobs.append(app.job("bulk", b"\x00raw bytes\xff", job_id="raw"))
+    async with app, await psycopg.AsyncConnection.connect(pg_database) as conn:
+        with pytest.raises(RuntimeError):  # noqa: PT012 - the rollback is what is tested
+            async with conn.transaction():
+                await app.enqueue_many(jobs, connection=conn)
+                raise RuntimeError("business write failed")
+        assert await scalar(pg_database, "SELECT count(*) FROM core.jobs") == 0
+        async with conn.transaction():
+            await app.enqueue_many(jobs, connection=conn)
+    rows = await query(
+        pg_database,
+        "SELECT job_id, payload, correlation_id, state, run_at <= now() FROM core.jobs ORDER BY id",
+    )
+    assert [(r[0], bytes(r[1]), r[2], r[3], r[4]) for r in rows] == [
+        (j.job_id, j.payload, j.correlation_id, "available", True) for j in jobs
+    ]

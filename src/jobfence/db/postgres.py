@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, LiteralString
 
@@ -59,6 +59,17 @@ class PgTx(Tx):
     async def script(self, sql: LiteralString) -> None:
         await self._conn.execute(sql)
 
+    @property
+    def can_copy(self) -> bool:
+        return True
+
+    async def copy(self, name: str, rows: Iterable[Sequence[Any]], types: Sequence[str]) -> None:
+        """Binary COPY of ``rows`` with the named ``COPY … FROM STDIN`` statement."""
+        async with self._conn.cursor() as cur, cur.copy(self._sql[name]) as copy:
+            copy.set_types(list(types))
+            for row in rows:
+                await copy.write_row(row)
+
 
 class PgPipelineTx(PgTx):
     """A job's view of a group-commit transaction running in pipeline mode.
@@ -76,6 +87,10 @@ class PgPipelineTx(PgTx):
     ) -> None:
         super().__init__(conn, sql)
         self._pipeline = pipeline
+
+    @property
+    def can_copy(self) -> bool:
+        return False  # COPY is not available in pipeline mode
 
     async def execute(self, sql: str, params: Params = None) -> int:
         cur = await self._conn.execute(sql, params)

@@ -230,3 +230,7 @@ VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(attempts)s,
             'error', %(error)s::text,
             'retry_at', to_char((now() + make_interval(secs => %(delay)s)) AT TIME ZONE 'UTC',
                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))))
+
+-- name: copy_jobs
+-- Bulk enqueue (no delays): binary COPY; run_at and enqueued_at take their defaults.
+COPY core.jobs (queue, job_id, correlation_id, payload) FROM STDIN (FORMAT BINARY)
