@@ -58,13 +58,22 @@ ALERTS_UNDELIVERED = Gauge(
 class MetricsObserver(Observer):
     def __init__(self, consumers: dict[str, str]) -> None:
         self._consumers = consumers  # queue -> consumer name
+        self._processed: dict[str, tuple[Any, Any]] = {}
 
     def _consumer(self, queue: str) -> str:
         return self._consumers.get(queue, "?")
 
     def job_processed(self, job: Job[Any], duration: float) -> None:
-        PROCESSED.labels(job.queue, self._consumer(job.queue)).inc()
-        HANDLER_SECONDS.labels(job.queue).observe(duration)
+        # the per-job path: label lookups are cached per queue
+        children = self._processed.get(job.queue)
+        if children is None:
+            children = (
+                PROCESSED.labels(job.queue, self._consumer(job.queue)),
+                HANDLER_SECONDS.labels(job.queue),
+            )
+            self._processed[job.queue] = children
+        children[0].inc()
+        children[1].observe(duration)
 
     def job_duplicate(self, delivery: Delivery, consumer: str) -> None:
         DUPLICATES.labels(delivery.queue, consumer).inc()
