@@ -195,3 +195,44 @@ def test_demo_runs_on_postgresql(pg_database: str) -> None:
     result = jf("demo", "--jobs", "60", "--database-url", pg_database)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "effectively-once: OK" in result.stdout
+
+
+def test_worker_serves_prometheus_metrics(ledger: str, tmp_path: Path) -> None:
+    """`--metrics-port` serves the counters and the handler histogram of what it processed."""
+    import asyncio
+    import socket
+    import urllib.request
+
+    from jobfence import App
+
+    from .helpers import start_worker, stop_process, wait_until
+
+    async def enqueue() -> None:
+        async with App(ledger, auto_migrate=True) as app:
+            await app.enqueue("crash", {}, job_id="m-1")
+            await app.enqueue("crash", {}, job_id="m-1")  # a duplicate
+
+    asyncio.run(enqueue())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"JF_DB": ledger, "JF_MARKS": str(tmp_path)}
+    proc = start_worker(
+        "tests.apps.crash_app:app", env, tmp_path / "w.log", "--metrics-port", str(port)
+    )
+
+    def scrape() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                body: str = r.read().decode()
+        except OSError:
+            return ""
+        done = 'jobfence_duplicates_skipped_total{consumer="crash",queue="crash"} 1.0' in body
+        return body if done else ""
+
+    try:
+        body = wait_until(scrape, timeout=30, what="metrics after one job and one duplicate")
+    finally:
+        assert stop_process(proc) == 0
+    assert 'jobfence_jobs_processed_total{consumer="crash",queue="crash"} 1.0' in body
+    assert 'jobfence_handler_duration_seconds_count{queue="crash"} 1.0' in body
