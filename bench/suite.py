@@ -1,0 +1,622 @@
+"""The workloads of the benchmark suite, and the one table (see bench/run.py for usage)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+import redis
+from measure import (
+    BENCH,
+    REDIS,
+    ROOT,
+    BenchError,
+    Drain,
+    Worker,
+    close_progress,
+    command,
+    drain,
+    effects_progress,
+    fresh_database,
+    median,
+    run_json,
+    scalar,
+    spread,
+    sql_progress,
+)
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False)
+
+# -- systems and their settings -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One system with one set of settings."""
+
+    system: str  # jobfence | procrastinate | pgqueuer | celery | pgbench
+    label: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key(self) -> str:
+        return self.label
+
+
+JF_CONCURRENCY = "16"
+
+JOBFENCE = Variant("jobfence", "jobfence (fence)", ("--concurrency", JF_CONCURRENCY))
+JOBFENCE_NOFENCE = Variant(
+    "jobfence", "jobfence (no fence)", ("--concurrency", JF_CONCURRENCY, "--no-fence")
+)
+PROCRASTINATE = Variant("procrastinate", "Procrastinate (c=16)", ("--concurrency", "16"))
+PGQUEUER = [
+    Variant("pgqueuer", f"PGQueuer (batch {b})", ("--batch-size", str(b), "--managers", "2"))
+    for b in (10, 100, 200)
+]
+CELERY = [
+    Variant("celery", f"Celery/Redis (prefork 2, prefetch {p})", ("--concurrency", "2"), (("BENCH_PREFETCH", str(p)),))
+    for p in (4, 32)
+]
+PGBENCH = Variant("pgbench", "pgbench, same transaction (c=8)", ("8",))
+
+REMAINING = {
+    "jobfence": "SELECT count(*) FROM core.jobs",
+    "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+    "pgqueuer": "SELECT count(*) FROM pgqueuer",
+}
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    workload: str
+    label: str
+    unit: str
+    values: list[float]
+    cpu: list[float] = field(default_factory=list)
+    server_cpu: list[float] = field(default_factory=list)
+    rss: list[tuple[float, float]] = field(default_factory=list)
+    baseline: str | None = None  # the label of another row of the same workload
+    higher_is_better: bool = True
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return median(self.values)
+
+
+class Results:
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], Row] = {}
+
+    def row(self, workload: str, label: str, unit: str, **kw: Any) -> Row:
+        key = (workload, label)
+        if key not in self.rows:
+            self.rows[key] = Row(workload, label, unit, [], **kw)
+        return self.rows[key]
+
+    def add_drain(self, workload: str, label: str, d: Drain, **kw: Any) -> None:
+        r = self.row(workload, label, "jobs/s", **kw)
+        r.values.append(d.jobs_per_s)
+        r.cpu.append(d.cpu_per_1k)
+        r.server_cpu.append(d.server_cpu_per_1k)
+        r.rss.append((d.rss_start_mb, d.rss_max_mb))
+
+    def get(self, workload: str, label: str) -> Row | None:
+        return self.rows.get((workload, label))
+
+    def best(self, workload: str, prefix: str) -> Row | None:
+        rows = [r for (w, label), r in self.rows.items() if w == workload and label.startswith(prefix)]
+        return max(rows, key=lambda r: r.median) if rows else None
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def execute(url: str, sql: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql)  # type: ignore[arg-type]
+
+
+def celery_env(v: Variant, queue: str, url: str) -> dict[str, str]:
+    return {**dict(v.env), "BENCH_QUEUE": queue, "BENCH_REDIS": REDIS, "BENCH_DATABASE_URL": url}
+
+
+def celery_remaining(queue: str, total: int) -> Callable[[], int]:
+    r = redis.Redis.from_url(REDIS)
+
+    def progress() -> int:
+        pipe = r.pipeline()
+        pipe.llen(queue)
+        pipe.hlen("unacked")
+        waiting, unacked = pipe.execute()
+        return total - int(waiting) - int(unacked)
+
+    progress.conn = r  # type: ignore[attr-defined]
+    return progress
+
+
+def celery_cleanup(queue: str) -> None:
+    r = redis.Redis.from_url(REDIS)
+    keys = [queue, "unacked", "unacked_index", "unacked_mutex", *r.keys("_kombu.binding.*")]
+    r.delete(*keys)
+    r.close()
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# -- workloads -------------------------------------------------------------------------------
+
+
+def throughput(v: Variant, mode: str, n: int, *, dup: float = 0.0) -> Drain:
+    """Enqueue ``n`` jobs with the worker stopped, start it, time the drain, verify."""
+    if v.system == "pgbench":
+        return pgbench(v, n)
+    with fresh_database() as url:
+        queue = f"bench_{uuid.uuid4().hex[:8]}"
+        env = celery_env(v, queue, url) if v.system == "celery" else {}
+        run_json(command(v.system, "setup", url), env=env)
+        extra = ["--dup", str(dup)] if dup else []
+        run_json(command(v.system, "enqueue", url, str(n), "--mode", mode, *extra), env=env)
+        if v.system != "celery":
+            execute(url, "VACUUM ANALYZE")
+        unique = round(n * (1 - dup)) if dup else n
+        if v.system == "celery":
+            remaining = celery_remaining(queue, n)
+        else:
+            remaining = sql_progress(url, REMAINING[v.system], n)
+        if remaining() != 0:
+            raise BenchError(f"{v.label}: {n - remaining()} jobs missing after enqueue")
+        if mode == "durable" and not dup:
+            progress = effects_progress(url, n)
+        else:
+            progress = remaining
+        worker = Worker(command(v.system, "worker", url, "--mode", mode, *v.args), env=env)
+        try:
+            result = drain(worker, url, n, progress, timeout=max(120.0, n / 100))
+            wait_for(lambda: remaining() == n, 30, f"{v.label}: an empty queue")
+            if mode == "durable":
+                count, distinct = _effects(url)
+                if (count, distinct) != (unique, unique):
+                    raise BenchError(
+                        f"{v.label}: {count} effects ({distinct} distinct), expected {unique}"
+                    )
+            return result
+        finally:
+            worker.stop()
+            close_progress(progress)
+            close_progress(remaining)
+            if v.system == "celery":
+                celery_cleanup(queue)
+
+
+def _effects(url: str) -> tuple[int, int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM bench_effects").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def pgbench(v: Variant, n: int) -> Drain:
+    """The physical reference: pgbench running jobfence's per-job statements (one job per
+    transaction) over ``n`` queued jobs; server CPU from the backends it uses."""
+    from measure import ServerCPU, tree_cpu
+
+    clients = int(v.args[0])
+    per_client = n // clients
+    with fresh_database() as url:
+        run_json(command("jobfence", "setup", url))
+        run_json(command("jobfence", "enqueue", url, str(n)))
+        execute(url, "VACUUM ANALYZE")
+        name = url.rsplit("/", 1)[1]
+        cmd = [
+            "pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", "2",
+            "-t", str(per_client), "-f", str(BENCH / "pgbench" / "durable.sql"),
+            "-h", "127.0.0.1", "-U", "postgres", name,
+        ]  # fmt: skip
+        server = ServerCPU(url)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ps = psutil.Process(proc.pid)
+        server.start()
+        cpu = 0.0
+        while proc.poll() is None:
+            server.sample()
+            cpu = max(cpu, tree_cpu(ps))
+            time.sleep(0.1)
+        out, err = proc.communicate()
+        server.close()
+        if proc.returncode != 0:
+            raise BenchError(f"pgbench failed:\n{err[-2000:]}\n{out[-2000:]}")
+        match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
+        if not match:
+            raise BenchError(f"no tps in pgbench's output:\n{out}")
+        total = per_client * clients
+        count, distinct = _effects(url)
+        if (count, distinct) != (total, total):
+            raise BenchError(f"pgbench: {count} effects ({distinct} distinct), expected {total}")
+        return Drain(
+            jobs_per_s=float(match.group(1)),
+            cpu_per_1k=cpu / total * 1000,
+            server_cpu_per_1k=server.spent() / total * 1000,
+            rss_start_mb=0.0,
+            rss_max_mb=0.0,
+            seconds=total / float(match.group(1)),
+        )
+
+
+def latency(v: Variant, rate: float, seconds: float) -> dict[str, float]:
+    """A worker waits; a producer enqueues one job at a time at ``rate`` for ``seconds``;
+    latency = the effect row's clock_timestamp() minus the wall-clock time the producer
+    called enqueue (both on this machine)."""
+    with fresh_database() as url:
+        queue = f"bench_{uuid.uuid4().hex[:8]}"
+        env = celery_env(v, queue, url) if v.system == "celery" else {}
+        run_json(command(v.system, "setup", url), env=env)
+        worker = Worker(command(v.system, "worker", url, "--mode", "durable", *v.args), env=env)
+        try:
+            worker.wait_ready()
+            time.sleep(1.5)  # let it reach its idle wait: the first job must wake it
+            sent = run_json(
+                command(v.system, "produce", url, "--rate", str(rate), "--seconds", str(seconds)),
+                env=env,
+            )
+            total = int(sent["sent"])
+            wait_for(lambda: _effects(url)[0] >= total, 60, f"{v.label}: {total} effects")
+            count, distinct = _effects(url)
+            if (count, distinct) != (total, total):
+                raise BenchError(f"{v.label}: {count} effects ({distinct} distinct), expected {total}")
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),"
+                    " percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms)"
+                    " FROM (SELECT (extract(epoch FROM at) - t_enq) * 1000 AS ms"
+                    " FROM bench_effects) AS l"
+                ).fetchone()
+            assert row is not None
+            return {
+                "p50": float(row[0]),
+                "p99": float(row[1]),
+                "max": float(row[2]),
+                "achieved_rate": total / float(sent["seconds"]),
+            }
+        finally:
+            worker.stop()
+            if v.system == "celery":
+                celery_cleanup(queue)
+
+
+def jobfence_paths(command_name: str, n: int, *extra: str) -> dict[str, Any]:
+    """One of jobfence's own paths (bulk enqueue, dead-letter replay, outbox relay), run
+    in-process by bench/systems/jobfence_sys.py on a fresh database."""
+    with fresh_database() as url:
+        return run_json(command("jobfence", command_name, url, str(n), *extra), timeout=1800)
+
+
+# -- the suite -------------------------------------------------------------------------------
+
+WORKLOADS = {
+    "durable": "durable-effect throughput (one INSERT committed before the ack)",
+    "noop": "no-op throughput (empty handler; jobfence still writes its fence)",
+    "latency": "enqueue → effect latency at a steady rate, and idle wake-up",
+    "duplicates": "duplicate storm (50 % duplicate job_ids), jobfence",
+    "bulk": "bulk enqueue in one caller transaction",
+    "deadletters": "bulk replay of dead letters",
+    "outbox": "outbox relay throughput",
+    "http": "HTTP ingestion with idempotency keys (purchase-order POST)",
+    "transports": "jobfence's durable workload on each transport",
+}
+
+
+def run_suite(args: argparse.Namespace, results: Results) -> None:
+    only = set(args.only.split(",")) if args.only else set(WORKLOADS)
+    unknown = only - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(f"unknown workload(s): {', '.join(sorted(unknown))}; see --list")
+    scale = args.scale
+    n_tp = max(200, int(50_000 * scale))
+    peers_ok = not args.no_peers
+
+    def step(text: str) -> None:
+        console.print(f"[dim]{dt.datetime.now():%H:%M:%S}[/dim] {text}")
+
+    if "durable" in only:
+        variants = [PGBENCH, JOBFENCE, JOBFENCE_NOFENCE]
+        if peers_ok:
+            variants += [PROCRASTINATE, *PGQUEUER, *CELERY]
+        for i in range(args.repeat):
+            for v in variants:  # interleaved, so drift on the machine hits every system alike
+                d = throughput(v, "durable", n_tp)
+                results.add_drain("durable", v.label, d, baseline=PGBENCH.label)
+                step(f"durable {i + 1}/{args.repeat} {v.label}: {d.jobs_per_s:,.0f} jobs/s, "
+                     f"{d.cpu_per_1k:.2f} CPU s/1k, RSS {d.rss_max_mb:.0f} MB")
+    if "noop" in only:
+        variants = [JOBFENCE]
+        if peers_ok:
+            variants += [PROCRASTINATE, *PGQUEUER, *CELERY]
+        for i in range(args.repeat):
+            for v in variants:
+                d = throughput(v, "noop", n_tp)
+                results.add_drain("noop", v.label, d)
+                step(f"noop {i + 1}/{args.repeat} {v.label}: {d.jobs_per_s:,.0f} jobs/s")
+    if "latency" in only:
+        seconds = max(2.0, 10.0 * min(1.0, scale * 4))
+        variants = [JOBFENCE] + ([PROCRASTINATE, PGQUEUER[1], CELERY[0]] if peers_ok else [])
+        for i in range(args.repeat):
+            for v in variants:
+                lat = latency(v, 1000.0, seconds)
+                for key in ("p50", "p99"):
+                    results.row(f"latency {key} @1000/s", v.label, "ms", higher_is_better=False).values.append(lat[key])
+                wake = latency(v, 2.0, max(5.0, seconds))
+                for key in ("p50", "max"):
+                    results.row(f"idle wake-up {key}", v.label, "ms", higher_is_better=False).values.append(wake[key])
+                step(f"latency {i + 1}/{args.repeat} {v.label}: p50 {lat['p50']:.1f} ms, "
+                     f"p99 {lat['p99']:.1f} ms at {lat['achieved_rate']:,.0f}/s; "
+                     f"wake-up p50 {wake['p50']:.1f} ms, max {wake['max']:.1f} ms")
+    if "duplicates" in only:
+        for i in range(args.repeat):
+            d = throughput(JOBFENCE, "durable", n_tp, dup=0.5)
+            results.add_drain("duplicate storm", "jobfence (fence), 50 % duplicates", d)
+            base = throughput(JOBFENCE, "durable", n_tp)
+            results.add_drain("duplicate storm", "jobfence (fence), no duplicates", base)
+            step(f"duplicates {i + 1}/{args.repeat}: {d.jobs_per_s:,.0f} deliveries/s "
+                 f"(no duplicates: {base.jobs_per_s:,.0f})")
+    if "bulk" in only:
+        n = max(1000, int(100_000 * scale))
+        for i in range(args.repeat):
+            out = jobfence_paths("bulk", n)
+            results.row("bulk enqueue", f"jobfence enqueue_many, {n:,} jobs, one tx", "jobs/s").values.append(out["jobfence"])
+            results.row("bulk enqueue", f"COPY, {n:,} rows, one tx", "jobs/s").values.append(out["copy"])
+            step(f"bulk {i + 1}/{args.repeat}: {out['jobfence']:,.0f} jobs/s (COPY {out['copy']:,.0f})")
+    if "deadletters" in only:
+        n = max(500, int(10_000 * scale))
+        for i in range(args.repeat):
+            out = jobfence_paths("deadletters", n)
+            results.row("dead-letter replay", f"bulk replay of {n:,} letters", "letters/s").values.append(out["replay"])
+            results.row("dead-letter replay", f"enqueue_many of {n:,} jobs", "jobs/s").values.append(out["enqueue"])
+            step(f"deadletters {i + 1}/{args.repeat}: {out['replay']:,.0f} letters/s "
+                 f"(enqueue_many {out['enqueue']:,.0f})")
+    if "outbox" in only:
+        n = max(500, int(10_000 * scale))
+        for i in range(args.repeat):
+            out = jobfence_paths("outbox", n)
+            results.row("outbox relay", f"relay of {n:,} events", "events/s").values.append(out["relay"])
+            results.row("outbox relay", f"enqueue_many of {n:,} jobs", "jobs/s").values.append(out["enqueue"])
+            step(f"outbox {i + 1}/{args.repeat}: {out['relay']:,.0f} events/s "
+                 f"(enqueue_many {out['enqueue']:,.0f})")
+    if "http" in only:
+        from http_bench import http_ingestion
+
+        seconds = max(3.0, 15.0 * min(1.0, scale * 4))
+        for i in range(args.repeat):
+            out = http_ingestion(seconds)
+            for label, data in out.items():
+                results.row("HTTP requests/s", label, "req/s").values.append(data["rps"])
+                results.row("HTTP p99", label, "ms", higher_is_better=False).values.append(data["p99"])
+            step(f"http {i + 1}/{args.repeat}: " + ", ".join(
+                f"{k}: {v['rps']:,.0f} req/s p99 {v['p99']:.1f} ms" for k, v in out.items()))
+    if "transports" in only:
+        from transports_bench import transports
+
+        for i in range(args.repeat):
+            for label, d in transports(max(200, int(10_000 * scale))):
+                results.add_drain("transports (durable)", label, d)
+                step(f"transports {i + 1}/{args.repeat} {label}: {d.jobs_per_s:,.0f} jobs/s")
+
+
+# -- the table -------------------------------------------------------------------------------
+
+BASELINES = {
+    "durable": PGBENCH.label,
+    "noop": None,  # the best PGQueuer row, found at print time
+    "duplicate storm": "jobfence (fence), no duplicates",
+}
+
+
+def _fmt(value: float, unit: str) -> str:
+    if value != value:  # nan
+        return "—"
+    if unit == "ms":
+        return f"{value:,.1f}"
+    return f"{value:,.0f}"
+
+
+def baseline_for(results: Results, r: Row) -> Row | None:
+    w = r.workload
+    if w == "durable":
+        return results.get(w, PGBENCH.label)
+    if w == "noop":
+        return results.best(w, "PGQueuer")
+    if w.startswith(("latency", "idle wake-up")):
+        return results.best(w, "PGQueuer") or results.get(w, PGQUEUER[1].label)
+    rows = [x for (wl, _), x in results.rows.items() if wl == w]
+    if w == "duplicate storm":
+        return results.get(w, "jobfence (fence), no duplicates")
+    if w in ("bulk enqueue", "dead-letter replay", "outbox relay", "transports (durable)"):
+        return rows[-1] if w != "transports (durable)" else rows[0]
+    if w.startswith("HTTP"):
+        return next((x for x in rows if x.label.startswith("baseline")), None)
+    return None
+
+
+def render(results: Results) -> tuple[Table, list[list[str]]]:
+    table = Table(title="jobfence benchmark (medians; spread = min–max of the runs)")
+    headers = [
+        "workload", "system / setting", "median", "unit", "spread", "runs",
+        "CPU s/1k (worker)", "CPU s/1k (server)", "RSS start→max MB", "baseline (same run)", "ratio",
+    ]  # fmt: skip
+    for h in headers:
+        table.add_column(h, justify="left" if h in ("workload", "system / setting", "baseline (same run)", "unit") else "right")
+    plain: list[list[str]] = []
+    last = None
+    for r in results.rows.values():
+        base = baseline_for(results, r)
+        ratio = ""
+        base_text = ""
+        if base is not None and base is not r and base.median == base.median and base.median:
+            ratio = f"{r.median / base.median:.2f}×"
+            base_text = f"{base.label}: {_fmt(base.median, base.unit)}"
+        rss = ""
+        if r.rss and max(m for _, m in r.rss) > 0:
+            rss = f"{median([s for s, _ in r.rss]):.0f}→{max(m for _, m in r.rss):.0f}"
+        cells = [
+            r.workload if r.workload != last else "",
+            r.label,
+            _fmt(r.median, r.unit),
+            r.unit,
+            spread(r.values, 1 if r.unit == "ms" else 0),
+            str(len(r.values)),
+            f"{median(r.cpu):.2f}" if r.cpu else "",
+            f"{median(r.server_cpu):.2f}" if r.server_cpu else "",
+            rss,
+            base_text,
+            ratio,
+        ]
+        last = r.workload
+        table.add_row(*cells)
+        plain.append(cells)
+    return table, [headers, *plain]
+
+
+def targets(results: Results) -> list[tuple[str, str, str]]:
+    """The issue's targets: (target, measured, verdict)."""
+    out: list[tuple[str, str, str]] = []
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    jf = results.get("durable", JOBFENCE.label)
+    if jf:
+        pro = results.get("durable", PROCRASTINATE.label)
+        if pro:
+            x = jf.median / pro.median
+            out.append(("durable: fence ≥ 5× Procrastinate", f"{x:.2f}×", verdict(x >= 5)))
+        peers = [r for (w, label), r in results.rows.items() if w == "durable"
+                 and not label.startswith(("jobfence", "pgbench"))]
+        if peers:
+            best = max(peers, key=lambda r: r.median)
+            x = jf.median / best.median
+            out.append((f"durable: fence ≥ 1.5× the best peer ({best.label})", f"{x:.2f}×", verdict(x >= 1.5)))
+        nf = results.get("durable", JOBFENCE_NOFENCE.label)
+        if nf:
+            cost = 1 - jf.median / nf.median
+            out.append(("the fence costs ≤ 10 % (vs no fence)", f"{cost:+.1%}", verdict(cost <= 0.10)))
+        pg = results.get("durable", PGBENCH.label)
+        if pg:
+            x = jf.median / pg.median
+            out.append(("≥ 50 % of pgbench, same transaction", f"{x:.0%}", verdict(x >= 0.5)))
+        if jf.rss:
+            top = max(m for _, m in jf.rss)
+            out.append(("worker RSS < 150 MB over the run", f"max {top:.0f} MB", verdict(top < 150)))
+    noop = results.get("noop", JOBFENCE.label)
+    best_pgq = results.best("noop", "PGQueuer")
+    if noop and best_pgq:
+        x = noop.median / best_pgq.median
+        out.append((f"no-op: ≥ PGQueuer's best ({best_pgq.label})", f"{x:.2f}×", verdict(x >= 1)))
+    wake = results.get("idle wake-up p50", JOBFENCE.label)
+    if wake:
+        out.append(("idle wake-up < 50 ms (p50)", f"{wake.median:.1f} ms", verdict(wake.median < 50)))
+    p99 = results.get("latency p99 @1000/s", JOBFENCE.label)
+    if p99:
+        out.append(("p99 enqueue → effect < 100 ms at 1 000/s", f"{p99.median:.1f} ms", verdict(p99.median < 100)))
+    return out
+
+
+def machine() -> str:
+    load = os.getloadavg()
+    return (
+        f"{platform.node()} · {psutil.cpu_count()} CPUs · "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB · Python {platform.python_version()} · "
+        f"PostgreSQL {scalar(os.environ.get('JOBFENCE_BENCH_PG', 'postgresql://postgres@127.0.0.1:5432/postgres'), 'SHOW server_version')} · "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+
+
+def main(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", help="comma-separated workloads (see --list)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (default 3)")
+    parser.add_argument("--scale", type=float, default=1.0, help="size factor (0.05 for a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: --scale 0.05 --repeat 1")
+    parser.add_argument("--no-peers", action="store_true", help="jobfence and pgbench only")
+    parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    args = parser.parse_args()
+    if args.list:
+        for name, text in WORKLOADS.items():
+            console.print(f"{name:12} {text}")
+        return
+    if args.quick:
+        args.scale, args.repeat = min(args.scale, 0.05), 1
+    started = dt.datetime.now(dt.UTC)
+    before = machine()
+    console.print(f"[bold]machine[/bold]: {before}")
+    results = Results()
+    try:
+        run_suite(args, results)
+    finally:
+        after = os.getloadavg()
+        table, plain = render(results)
+        console.print(table)
+        goals = targets(results)
+        if goals:
+            t = Table(title="targets (issue 6)")
+            for h in ("target", "measured", ""):
+                t.add_column(h)
+            for g in goals:
+                t.add_row(*g, style=None if g[2] == "met" else "red")
+            console.print(t)
+        console.print(f"load average at the end: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
+        save(args, started, before, plain, goals, results)
+
+
+def save(args: argparse.Namespace, started: dt.datetime, before: str, plain: list[list[str]],
+         goals: list[tuple[str, str, str]], results: Results) -> None:
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    data = {
+        "started": started.isoformat(),
+        "args": vars(args),
+        "machine": before,
+        "load_after": os.getloadavg(),
+        "rows": [asdict(r) for r in results.rows.values()],
+        "targets": goals,
+    }
+    (out / f"{stamp}.json").write_text(json.dumps(data, indent=1))
+    lines = [f"Machine: {before}", ""]
+    header, *body = plain
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "---|" * len(header))
+    lines += ["| " + " | ".join(c or "" for c in row) + " |" for row in body]
+    if goals:
+        lines += ["", "| target | measured | |", "|---|---|---|"]
+        lines += [f"| {a} | {b} | {c} |" for a, b, c in goals]
+    (out / f"{stamp}.md").write_text("\n".join(lines) + "\n")
+    with contextlib.suppress(OSError):
+        (out / "latest.md").unlink()
+    (out / "latest.md").write_text("\n".join(lines) + "\n")
+    console.print(f"results: {out.relative_to(ROOT)}/{stamp}.json and .md")
