@@ -240,6 +240,7 @@ def redrive(
                 reason=reason,
                 event_ids=list(event_ids) if event_ids else None,
                 queue=queue,
+                via="cli",
             )
 
     done = run(go())

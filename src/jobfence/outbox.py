@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import Counter
 
@@ -300,30 +300,44 @@ async def redrive(
     db: Database,
     *,
     actor: str,
-    reason: str | None = None,
+    reason: str,
     event_ids: Sequence[str] | None = None,
     queue: str | None = None,
+    via: Literal["cli", "api", "library"] = "library",
 ) -> list[str]:
     """Put ``PUBLISH_FAILED_RETRY`` events back to ``PENDING`` with 5 fresh attempts.
 
-    ``event_ids`` None means every failed event (of ``queue``, if given). Who and why are kept
-    in each event's history. Returns the event ids re-driven (events in another state are left
-    alone, so repeating a re-drive is harmless).
+    ``event_ids`` None means every failed event (of ``queue``, if given). Who and why go into
+    each event's history and, in the same transaction, one row of the audit log
+    (``outbox.redrive``). Returns the event ids re-driven; events in another state are left
+    alone, so repeating a re-drive is harmless (and audits nothing).
     """
-    if not actor or not actor.strip():
-        raise ConfigurationError("a re-drive needs the operator's name (actor)")
+    from .deadletters import Actor, record
+
+    who = Actor(actor, via)
+    if not isinstance(reason, str) or not reason.strip():
+        raise ConfigurationError("a re-drive needs a reason: say why the events may go out now")
     if event_ids is not None and not event_ids:
         return []
-    rows = await db.run(
-        "outbox_redrive",
-        {
-            "actor": actor,
-            "reason": reason,
-            "event_ids": _list_param(db.dialect, event_ids),
-            "queue": queue,
-        },
-    )
-    ids = [str(row["event_id"]) for row in rows]
+    async with db.transaction() as tx:
+        rows = await tx.q(
+            "outbox_redrive",
+            {
+                "actor": who.name,
+                "reason": reason,
+                "event_ids": _list_param(db.dialect, event_ids),
+                "queue": queue,
+            },
+        )
+        ids = [str(row["event_id"]) for row in rows]
+        if ids:
+            await record(
+                tx,
+                who,
+                "outbox.redrive",
+                reason=reason,
+                details={"event_ids": ids, "queue": queue},
+            )
     if ids:
         log.warning(
             "outbox events re-driven", extra={"events": len(ids), "by": actor, "reason": reason}
@@ -683,73 +697,8 @@ class Relay:
 
 
 def ops_router() -> APIRouter:
-    """FastAPI routes for operators: list/show outbox events and re-drive failed ones.
+    """FastAPI routes for operators: list/show outbox events and re-drive failed ones (see
+    :mod:`jobfence.http.ops_outbox`; needs the ``ops`` extra)."""
+    from .http.ops_outbox import router
 
-    Mounted by the ops API and by the purchase-order service; authentication is
-    :func:`jobfence.ops.auth.require` (viewers read, operators re-drive), against the opened
-    jobfence ``Database`` at ``request.app.state.jobfence_db``.
-    """
-    from fastapi import APIRouter, Depends, HTTPException, Query, Request
-    from pydantic import BaseModel, Field
-
-    from .ops.auth import Principal, require
-
-    router = APIRouter(prefix="/outbox", tags=["outbox"])
-
-    class RedriveBody(BaseModel):
-        event_ids: list[str] | None = Field(
-            default=None, max_length=10_000, description="None: every failed event (of queue)."
-        )
-        queue: str | None = None
-        reason: str = Field(min_length=1, max_length=2000)
-
-    def _db(request: Request, principal: Principal) -> Database:
-        if principal.partner is not None:
-            raise HTTPException(
-                403, "the outbox spans every partner: use a token without a partner scope"
-            )
-        db: Database = request.app.state.jobfence_db
-        return db
-
-    @router.get("/events")
-    async def list_route(
-        request: Request,
-        state: str | None = Query(default=None),
-        queue: str | None = Query(default=None),
-        limit: int = Query(default=50, ge=1, le=500),
-        principal: Principal = Depends(require("viewer")),
-    ) -> dict[str, Any]:
-        if state is not None and state not in STATES:
-            raise HTTPException(422, f"state must be one of {', '.join(STATES)}")
-        db = _db(request, principal)
-        events = await list_events(db, state=state, queue=queue, limit=limit)
-        return {
-            "counts": await counts(db),
-            "events": [e.to_json() for e in events],
-        }
-
-    @router.get("/events/{event_id}")
-    async def get_route(
-        request: Request, event_id: str, principal: Principal = Depends(require("viewer"))
-    ) -> dict[str, Any]:
-        event = await get_event(_db(request, principal), event_id)
-        if event is None:
-            raise HTTPException(404, "no such outbox event")
-        return event.to_json()
-
-    @router.post("/events/redrive")
-    async def redrive_route(
-        request: Request, body: RedriveBody, principal: Principal = Depends(require("operator"))
-    ) -> dict[str, Any]:
-        if not body.reason.strip():
-            raise HTTPException(422, "a re-drive needs a reason")
-        ids = await redrive(
-            _db(request, principal),
-            actor=principal.name,
-            reason=body.reason,
-            event_ids=body.event_ids,
-            queue=body.queue,
-        )
-        return {"redriven": ids, "count": len(ids)}
-
-    return router
+    return router()

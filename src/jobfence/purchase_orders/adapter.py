@@ -173,13 +173,15 @@ class ErpClient:
         refreshed = False
         while True:
             self.stats.calls += 1
-            token = await self._get_token(None) if self._token is None else self._token
             try:
+                token = self._token or await self._get_token(None)
                 response = await self.client.post(
                     ORDERS_PATH, json=body, headers={"Authorization": f"Bearer {token}"}
                 )
+            except TemporaryError as exc:  # the token endpoint, transiently
+                error: HandlerError = exc
             except httpx.TimeoutException as exc:
-                error: HandlerError = TemporaryError(
+                error = TemporaryError(
                     f"ERP did not answer within {self.settings.timeout:g}s ({type(exc).__name__})",
                     code="ERP_TIMEOUT",
                 )

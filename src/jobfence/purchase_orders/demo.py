@@ -155,37 +155,54 @@ async def _wait(
         await asyncio.sleep(interval)
 
 
-class _Stack:
-    """ERP process, service, API server, worker, relay and reconciler, started together."""
+class LocalStack:
+    """ERP process, service, API server and (with ``pipeline``) worker, relay and
+    reconciler, all on loopback; what the demo and the tests run."""
 
-    def __init__(self, database_url: str, scenario: Scenario) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        scenario: Scenario,
+        *,
+        pipeline: bool = True,
+        erp: ErpProcess | None = None,
+    ) -> None:
         self.database_url = database_url
         self.scenario = scenario
-        self.erp = ErpProcess(
-            Switches(
-                latency_ms=scenario.erp_latency_ms,
-                error_rate=scenario.transient_share * 0.6,
-                ambiguous_rate=scenario.transient_share * 0.2,
-                timeout_rate=scenario.transient_share * 0.2,
-                timeout_seconds=scenario.erp_client_timeout * 2,
-                functional_rate=scenario.functional_share,
-                business_rate=scenario.business_share,
-                token_ttl=scenario.token_ttl,
-                seed=scenario.seed,
-            )
+        self.pipeline = pipeline
+        self.own_erp = erp is None
+        self.erp = erp or ErpProcess()
+        self.switches = Switches(
+            latency_ms=scenario.erp_latency_ms,
+            error_rate=scenario.transient_share * 0.6,
+            ambiguous_rate=scenario.transient_share * 0.2,
+            timeout_rate=scenario.transient_share * 0.2,
+            timeout_seconds=scenario.erp_client_timeout * 2,
+            functional_rate=scenario.functional_share,
+            business_rate=scenario.business_share,
+            token_ttl=scenario.token_ttl,
+            seed=scenario.seed,
         )
         self.service: PurchaseOrderService | None = None
+        self.server: Any = None
+        self.relay: Any = None
+        self.worker: Any = None
         self.tasks: list[asyncio.Task[Any]] = []
         self.reconciler: asyncio.Task[Any] | None = None
         self.api_url = ""
 
-    async def __aenter__(self) -> _Stack:
+    async def __aenter__(self) -> LocalStack:
         import uvicorn
 
         from .api import create_api
 
         await migrate(self.database_url)
-        erp_url = await asyncio.to_thread(self.erp.start)
+        if self.own_erp:
+            self.erp.switches = self.switches
+            erp_url = await asyncio.to_thread(self.erp.start)
+        else:
+            await asyncio.to_thread(self.erp.reset, self.switches)
+            erp_url = self.erp.url
         try:
             self.service = PurchaseOrderService(
                 self.database_url,
@@ -208,35 +225,62 @@ class _Stack:
                 )
             )
             self.tasks.append(asyncio.create_task(self.server.serve(sockets=[sock])))
-            self.relay = self.service.relay(poll_interval=1.0)
-            self.tasks.append(self.relay.start())
-            self.worker = self.service.worker(concurrency=self.scenario.worker_concurrency)
-            self.tasks.append(asyncio.create_task(self.worker.run()))
-            self.reconciler = asyncio.create_task(self.service.reconcile_forever(1.0))
-            self.tasks.append(self.reconciler)
+            if self.pipeline:
+                self.start_pipeline()
             await _wait(self._started, timeout=20, what="the API server")
         except BaseException:
             await self.__aexit__()
             raise
         return self
 
+    def start_pipeline(self) -> None:
+        """Start the relay, the worker and the reconciler (if not running yet)."""
+        if self.relay is None:
+            self.start_relay()
+        if self.worker is None:
+            self.worker = self.svc.worker(concurrency=self.scenario.worker_concurrency)
+            self.tasks.append(asyncio.create_task(self.worker.run()))
+            self.reconciler = asyncio.create_task(self.svc.reconcile_forever(1.0))
+            self.tasks.append(self.reconciler)
+
+    def start_relay(self) -> None:
+        self.relay = self.svc.relay(poll_interval=1.0)
+        self.tasks.append(self.relay.start())
+
+    async def stop_relay(self) -> None:
+        if self.relay is not None:
+            relay, self.relay = self.relay, None
+            await relay.stop()
+
+    async def control(self, **switches: Any) -> dict[str, Any]:
+        """Change the ERP stand-in's switches while it runs."""
+        async with httpx.AsyncClient() as client:
+            response = await client.post(f"{self.erp.url}/_control", json=switches)
+            response.raise_for_status()
+            data: dict[str, Any] = response.json()
+            return data
+
+    async def erp_stats(self) -> dict[str, Any]:
+        async with httpx.AsyncClient() as client:
+            data: dict[str, Any] = (await client.get(f"{self.erp.url}/_stats")).json()
+            return data
+
     async def _started(self) -> bool:
         return bool(self.server.started)
 
     async def __aexit__(self, *exc: object) -> None:
-        for name in ("worker", "relay"):
-            part = getattr(self, name, None)
+        for part in (self.worker, self.relay):
             if part is not None:
                 part.request_stop()
-        server = getattr(self, "server", None)
-        if server is not None:
-            server.should_exit = True
+        if self.server is not None:
+            self.server.should_exit = True
         if self.reconciler is not None:
             self.reconciler.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.service is not None:
             await self.service.close()
-        await asyncio.to_thread(self.erp.stop)
+        if self.own_erp:
+            await asyncio.to_thread(self.erp.stop)
 
     @property
     def svc(self) -> PurchaseOrderService:
@@ -245,14 +289,18 @@ class _Stack:
 
 
 async def run_scenario(
-    database_url: str, scenario: Scenario, *, console: Console | None = None
+    database_url: str,
+    scenario: Scenario,
+    *,
+    console: Console | None = None,
+    erp: ErpProcess | None = None,
 ) -> Result:
     """Run the scenario against a migrated-or-empty PostgreSQL database; return the evidence."""
     from ..ops.auth import create_token
 
     say = console.print if console is not None else (lambda *a, **k: None)
     rng = random.Random(scenario.seed)
-    async with _Stack(database_url, scenario) as stack:
+    async with LocalStack(database_url, scenario, erp=erp) as stack:
         svc = stack.svc
         run = uuid.uuid4().hex[:6]
         partners = {
@@ -381,13 +429,15 @@ async def run_scenario(
             await _wait(settled, timeout=scenario.settle_timeout, what="every request to settle")
 
             # -- the operator: fix the ERP rule, retry what failed ------------------------------
-            await http.post(
-                f"{stack.erp.url}/_control", json={"functional_rate": 0.0, "business_rate": 0.0}
-            )
+            await stack.control(functional_rate=0.0, business_rate=0.0)
             states = await svc.requests_by_ids(sorted(accepted))
             failed = sorted(r for r, row in states.items() if row["state"] in RETRYABLE)
             op_auth = {"Authorization": f"Bearer {operator}"}
             retried: dict[str, int] = {}
+            refusals: list[tuple[str, int, str]] = []
+            # the relay waits while the operator works, so a double click finds the first
+            # retry still RECEIVED
+            await stack.stop_relay()
             for request_id in failed:
                 r = await http.post(
                     f"/requests/{request_id}/retry",
@@ -395,14 +445,16 @@ async def run_scenario(
                     headers=op_auth,
                 )
                 retried[request_id] = r.status_code
-            refusals: list[tuple[str, int, str]] = []
-            if failed:
-                r = await http.post(
-                    f"/requests/{failed[0]}/retry",
-                    json={"reason": "double click"},
-                    headers=op_auth,
-                )
-                refusals.append(("retry while running", r.status_code, r.json().get("code", "")))
+                if len(retried) == 1:
+                    r = await http.post(
+                        f"/requests/{request_id}/retry",
+                        json={"reason": "double click"},
+                        headers=op_auth,
+                    )
+                    refusals.append(
+                        ("retry while running", r.status_code, r.json().get("code", ""))
+                    )
+            stack.start_relay()
             completed = [r for r, row in states.items() if row["state"] == State.COMPLETED]
             if completed:
                 r = await http.post(

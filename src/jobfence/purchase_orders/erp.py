@@ -15,7 +15,9 @@ and counts what it created. Switches (flags at start, or ``POST /_control`` whil
 - ``business_rate``: the same, answered 409 (a business rule)
 - ``token_ttl``: seconds a token lives; an expired token gets 401
 
-``GET /_stats`` returns the counters; ``GET /_orders`` the orders created.
+``POST /_expire_tokens`` expires every token issued so far; ``POST /_reset`` forgets
+everything and takes new switches; ``GET /_stats`` returns the counters; ``GET /_orders``
+the orders created.
 """
 
 from __future__ import annotations
@@ -180,6 +182,13 @@ def create_erp_app(switches: Switches | None = None) -> Starlette:
             await asyncio.sleep(sw.timeout_seconds)
         return JSONResponse(existing, status_code=201)
 
+    async def expire_tokens(request: Request) -> Response:
+        """Expire every token issued so far (what a rotated secret or a clock jump does)."""
+        expired = len(state.tokens)
+        for value in state.tokens:
+            state.tokens[value] = 0.0
+        return JSONResponse({"expired": expired})
+
     async def stats(request: Request) -> Response:
         return JSONResponse(asdict(state.counters))
 
@@ -199,13 +208,29 @@ def create_erp_app(switches: Switches | None = None) -> Starlette:
                 state.rng.seed(state.switches.seed)
         return JSONResponse(asdict(state.switches))
 
+    async def reset(request: Request) -> Response:
+        """Forget every order, counter and token; take the given switches (default ones for
+        those not given). Tests reuse one stand-in process this way."""
+        changes = await request.json()
+        unknown = sorted(set(changes) - {f.name for f in fields(Switches)})
+        if unknown:
+            return JSONResponse({"detail": f"unknown switches: {unknown}"}, 422)
+        state.switches = Switches(**changes)
+        state.counters = Counters()
+        state.orders.clear()
+        state.tokens.clear()
+        state.rng.seed(state.switches.seed)
+        return JSONResponse(asdict(state.switches))
+
     return Starlette(
         routes=[
+            Route("/_reset", reset, methods=["POST"]),
             Route(TOKEN_PATH, token, methods=["POST"]),
             Route(ORDERS_PATH, create_order, methods=["POST"]),
             Route("/_stats", stats, methods=["GET"]),
             Route("/_orders", orders, methods=["GET"]),
             Route("/_control", control, methods=["GET", "POST"]),
+            Route("/_expire_tokens", expire_tokens, methods=["POST"]),
         ]
     )
 
@@ -286,6 +311,14 @@ class ErpProcess:
         if self.process.stdout is not None:
             self.process.stdout.close()
         self.process = None
+
+    def reset(self, switches: Switches | None = None) -> None:
+        """Forget orders, counters and tokens and take ``switches`` (a running process)."""
+        import httpx
+
+        self.switches = switches or Switches()
+        response = httpx.post(f"{self.url}/_reset", json=asdict(self.switches), timeout=10)
+        response.raise_for_status()
 
     def __enter__(self) -> ErpProcess:
         self.start()

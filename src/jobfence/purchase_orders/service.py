@@ -523,7 +523,32 @@ class PurchaseOrderService:
             "operator retried a purchase-order request",
             extra={"request_id": request_id, "by": actor, "event_id": event_id, "reason": reason},
         )
+        if row["dead_letter_id"] is not None:
+            await self._supersede(int(row["dead_letter_id"]), actor, scope, request_id, event_id)
         return Retried(request_id, event_id, previous, state.value, int(audit[0]["id"]))
+
+    async def _supersede(
+        self, letter_id: int, actor: str, scope: str | None, request_id: str, event_id: str
+    ) -> None:
+        """The retry replaces the dead letter's event: close the letter (with the jobfence
+        audit row) so it no longer waits for review. A letter someone already decided stays
+        as it is."""
+        from ..deadletters import Actor, NotFound, discard
+        from ..errors import ReviewConflict
+
+        try:
+            await discard(
+                self.db,
+                letter_id,
+                actor=Actor(actor, "api", scope),
+                reason=f"superseded by the operator retry of request {request_id} "
+                f"(new event {event_id})",
+            )
+        except (NotFound, ReviewConflict) as exc:
+            log.info(
+                "dead letter of a retried request left as it is",
+                extra={"dead_letter_id": letter_id, "why": str(exc)},
+            )
 
     async def state_counts(self) -> dict[str, int]:
         async with self.db.transaction() as tx:

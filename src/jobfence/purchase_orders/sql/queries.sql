@@ -42,7 +42,7 @@ FROM purchase_orders.requests WHERE request_id = %(request_id)s
 
 -- name: request_lock
 SELECT request_id, partner_id, company_id, document_type, external_reference, state,
-       current_event_id
+       current_event_id, dead_letter_id
 FROM purchase_orders.requests WHERE request_id = %(request_id)s FOR UPDATE
 
 -- name: request_history
