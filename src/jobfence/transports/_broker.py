@@ -1,0 +1,242 @@
+"""What the broker adapters share: URL options, message metadata, attempt history.
+
+A broker message carries, next to its payload, the job's identity and its past: the
+attempts used before this copy was published (``attempts``) and the history of those
+attempts. An adapter adds the broker's own redelivery count to ``attempts`` (SPEC R1: a
+delivery lost with its worker counts), and the attempts that left no record — deliveries
+lost with a killed worker — are written into the history as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Coroutine, Iterable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ..errors import Category, ConfigurationError
+from ..jobs import AttemptRecord, Delivery
+from ..store import OutgoingJob
+
+#: Header / field names carried by every broker message.
+JOB_ID = "jobfence-job-id"
+CORRELATION_ID = "jobfence-correlation-id"
+ENQUEUED_AT = "jobfence-enqueued-at"
+ATTEMPTS = "jobfence-attempts"
+HISTORY = "jobfence-history"
+DELAY = "jobfence-delay"
+
+LOST = "delivery lost: the worker holding it stopped without an answer (killed or lost)"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(moment: datetime) -> str:
+    """The same shape as the database's timestamps in histories: ``…T…Z``, microseconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_iso(value: str | bytes | None) -> datetime | None:
+    if not value:
+        return None
+    text = value.decode() if isinstance(value, bytes) else value
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def history_json(history: Iterable[AttemptRecord]) -> str:
+    return json.dumps([asdict(h) for h in history], separators=(",", ":"), ensure_ascii=False)
+
+
+def history_from(value: str | bytes | None) -> list[AttemptRecord]:
+    if not value:
+        return []
+    try:
+        items = json.loads(value)
+    except (ValueError, UnicodeDecodeError):
+        return []
+    if not isinstance(items, list):
+        return []
+    return [AttemptRecord.from_json(item) for item in items if isinstance(item, dict)]
+
+
+def retry_record(
+    delivery: Delivery, delay: timedelta, category: Category, error: str
+) -> AttemptRecord:
+    """The history entry of a failed attempt that will be retried after ``delay``.
+
+    Brokers have no database clock: the time is the worker's (UTC).
+    """
+    now = utcnow()
+    return AttemptRecord(
+        attempt=delivery.attempt,
+        at=iso(now),
+        category=category.value,
+        error=error,
+        retry_at=iso(now + delay),
+    )
+
+
+def with_lost_attempts(history: list[AttemptRecord], attempt: int) -> list[AttemptRecord]:
+    """``history`` plus one entry for every earlier attempt that left none (a lost delivery)."""
+    recorded = {h.attempt for h in history}
+    missing = [n for n in range(1, attempt) if n not in recorded]
+    if not missing:
+        return history
+    at = iso(utcnow())
+    lost = [
+        AttemptRecord(attempt=n, at=at, category=Category.TECHNICAL_ERROR.value, error=LOST)
+        for n in missing
+    ]
+    return sorted([*history, *lost], key=lambda h: h.attempt)
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A job's identity and past as carried by a broker message."""
+
+    job_id: str
+    correlation_id: str | None
+    enqueued_at: datetime | None
+    attempts: int
+    history: list[AttemptRecord]
+
+    @classmethod
+    def new(cls, job: OutgoingJob) -> Meta:
+        return cls(job.job_id, job.correlation_id, utcnow(), 0, [])
+
+    @classmethod
+    def again(cls, delivery: Delivery, *, attempts: int, history: list[AttemptRecord]) -> Meta:
+        """The metadata of a new copy of ``delivery`` (a retry or a hand-back)."""
+        return cls(
+            delivery.job_id, delivery.correlation_id, delivery.enqueued_at, attempts, history
+        )
+
+    def headers(self) -> dict[str, str]:
+        headers = {JOB_ID: self.job_id, ATTEMPTS: str(self.attempts)}
+        if self.correlation_id is not None:
+            headers[CORRELATION_ID] = self.correlation_id
+        if self.enqueued_at is not None:
+            headers[ENQUEUED_AT] = iso(self.enqueued_at)
+        if self.history:
+            headers[HISTORY] = history_json(self.history)
+        return headers
+
+    @classmethod
+    def read(cls, headers: dict[str, Any], fallback_job_id: str = "") -> Meta:
+        def text(key: str) -> str | None:
+            value = headers.get(key)
+            if value is None:
+                return None
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        try:
+            attempts = int(text(ATTEMPTS) or 0)
+        except ValueError:
+            attempts = 0
+        return cls(
+            job_id=text(JOB_ID) or fallback_job_id,
+            correlation_id=text(CORRELATION_ID),
+            enqueued_at=parse_iso(text(ENQUEUED_AT)),
+            attempts=max(attempts, 0),
+            history=history_from(text(HISTORY)),
+        )
+
+    def delivery(self, queue: str, payload: bytes, attempt: int, token: Any, ref: Any) -> Delivery:
+        return Delivery(
+            queue=queue,
+            job_id=self.job_id,
+            payload=payload,
+            attempt=attempt,
+            correlation_id=self.correlation_id,
+            enqueued_at=self.enqueued_at,
+            history=with_lost_attempts(list(self.history), attempt),
+            token=token,
+            ref=ref,
+        )
+
+
+class Options:
+    """``?name=value`` options of a broker URL, each read once with its type and bounds."""
+
+    def __init__(self, url: str, broker: str) -> None:
+        parts = urlsplit(url)
+        self.broker = broker
+        self._params = dict(parse_qsl(parts.query, keep_blank_values=True))
+        self._parts = parts
+        self._used: set[str] = set()
+
+    def integer(self, name: str, default: int, *, minimum: int = 0) -> int:
+        self._used.add(name)
+        raw = self._params.get(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"{self.broker} URL option {name}={raw!r} is not an integer"
+            ) from None
+        if value < minimum:
+            raise ConfigurationError(f"{self.broker} URL option {name} must be >= {minimum}")
+        return value
+
+    def text(self, name: str, default: str) -> str:
+        self._used.add(name)
+        return self._params.get(name, default) or default
+
+    def remaining_url(self) -> str:
+        """The URL without the options jobfence consumed (the rest go to the client)."""
+        rest = {k: v for k, v in self._params.items() if k not in self._used}
+        return urlunsplit(self._parts._replace(query=urlencode(rest)))
+
+
+class ShieldedFetch:
+    """Broker reads that a cancelled :meth:`Transport.fetch` cannot lose.
+
+    A worker cancels a fetch when it stops. A broker read cancelled mid-flight may already
+    have taken messages (Redis has put them in the pending list, JetStream has delivered
+    them to the pull request): they would come back only after the lease, counted as a
+    lost attempt. So the read runs shielded; what it returns after a cancellation is kept
+    for the next fetch, or handed back, refunded, on close.
+    """
+
+    def __init__(self) -> None:
+        self.kept: deque[Delivery] = deque()
+        self._tasks: set[asyncio.Task[list[Delivery]]] = set()
+
+    def take(self, limit: int) -> list[Delivery]:
+        found: list[Delivery] = []
+        while self.kept and len(found) < limit:
+            found.append(self.kept.popleft())
+        return found
+
+    async def run(self, read: Coroutine[Any, Any, list[Delivery]]) -> list[Delivery]:
+        task = asyncio.ensure_future(read)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._keep)
+            raise
+
+    def _keep(self, task: asyncio.Task[list[Delivery]]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self.kept.extend(task.result())
+
+    async def settle(self) -> list[Delivery]:
+        """Wait for reads still running; return (and forget) every kept delivery."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        found = list(self.kept)
+        self.kept.clear()
+        return found

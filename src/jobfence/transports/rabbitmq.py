@@ -1,0 +1,375 @@
+"""RabbitMQ as the queue (``amqp://user:pass@host:5672/vhost``), with aio-pika.
+
+Per jobfence queue ``Q`` the adapter declares (all durable quorum queues, replicated and
+fsynced by Raft before a publish is confirmed):
+
+* ``Q`` — the work queue: manual acks, a per-consumer prefetch, a delivery limit
+  (``x-delivery-limit``) whose overflow is dead-lettered *at least once* to
+  ``jobfence.exhausted.Q`` instead of being dropped;
+* ``jobfence.exhausted.Q`` — messages RabbitMQ gave up redelivering; the adapter consumes
+  them too and hands them to the harness, which writes them to jobfence's dead letters
+  (their attempt count is past any sane policy) — never silence;
+* ``jobfence.delay.Q.<ms>`` — one queue per delay bucket, with ``x-message-ttl`` and a
+  dead-letter route back to ``Q``: delayed retries on a stock server (no plugin). Delays
+  are rounded to 16 buckets per doubling (within ±2.2 %).
+
+Every publish waits for the publisher confirm. A retry publishes a new copy carrying the
+attempt count and history in its headers, then acks the old one. Attempts follow SPEC R1:
+the headers' count plus the quorum queue's ``x-delivery-count`` (deliveries returned
+without an answer: a killed worker, a lease that ran out).
+
+URL options (removed before connecting): ``prefetch`` (default 20), ``delivery_limit``
+(default 20; keep it above the policies' attempts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import aio_pika
+import aio_pika.abc
+import aiormq.exceptions
+
+from ..errors import Category, ConfigurationError
+from ..jobs import Delivery
+from ..store import OutgoingJob
+from . import Transport
+from ._broker import Meta, Options, retry_record
+
+log = logging.getLogger("jobfence.transport.rabbitmq")
+
+DELAY_STEPS_PER_DOUBLING = 16
+PUBLISH_BATCH = 500
+
+
+def delay_bucket(seconds: float) -> int:
+    """The TTL in ms of the delay queue used for ``seconds`` (0: no delay queue)."""
+    ms = seconds * 1000.0
+    if ms < 1.0:
+        return 0
+    step = round(math.log2(ms) * DELAY_STEPS_PER_DOUBLING)
+    return max(1, round(2 ** (step / DELAY_STEPS_PER_DOUBLING)))
+
+
+def exhausted_name(queue: str) -> str:
+    return f"jobfence.exhausted.{queue}"
+
+
+def delay_name(queue: str, ms: int) -> str:
+    return f"jobfence.delay.{queue}.{ms}"
+
+
+@dataclass
+class _Held:
+    message: aio_pika.abc.AbstractIncomingMessage
+    deadline: float
+
+
+class RabbitMQTransport(Transport):
+    """Jobs as messages in RabbitMQ quorum queues."""
+
+    name = "rabbitmq"
+    shares_database = False
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        lease: timedelta = timedelta(seconds=30),
+        worker_id: str = "jobfence",
+        prefetch: int = 20,
+        delivery_limit: int = 20,
+    ) -> None:
+        self.url = url
+        self.lease = lease
+        self.worker_id = worker_id
+        self.prefetch = prefetch
+        self.delivery_limit = delivery_limit
+        self._conn: aio_pika.abc.AbstractRobustConnection | None = None
+        self._pub: aio_pika.abc.AbstractChannel | None = None
+        self._sub: aio_pika.abc.AbstractChannel | None = None
+        self._declared: set[str] = set()
+        self._declare_lock = asyncio.Lock()
+        self._consuming: set[str] = set()
+        self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
+        self._buffer: deque[tuple[str, aio_pika.abc.AbstractIncomingMessage]] = deque()
+        self._ready = asyncio.Event()
+        self._held: dict[int, _Held] = {}
+
+    @classmethod
+    def from_url(cls, url: str, *, lease: timedelta, worker_id: str) -> RabbitMQTransport:
+        options = Options(url, "rabbitmq")
+        prefetch = options.integer("prefetch", 20, minimum=1)
+        limit = options.integer("delivery_limit", 20, minimum=1)
+        return cls(
+            options.remaining_url(),
+            lease=lease,
+            worker_id=worker_id,
+            prefetch=prefetch,
+            delivery_limit=limit,
+        )
+
+    # -- connection -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        try:
+            self._conn = await aio_pika.connect_robust(
+                self.url, client_properties={"connection_name": f"jobfence {self.worker_id}"}
+            )
+        except (OSError, aiormq.exceptions.AMQPError) as exc:
+            raise ConfigurationError(f"cannot connect to RabbitMQ: {exc}") from None
+        self._pub = await self._conn.channel(publisher_confirms=True)
+
+    async def close(self) -> None:
+        if self._conn is None:
+            return
+        if self._sub is not None:
+            # stop deliveries, then hand back what was prefetched but never worked on,
+            # refunded (closing the channel would count a delivery against each)
+            for queue_obj, tag in self._consumers:
+                with contextlib.suppress(Exception):
+                    await queue_obj.cancel(tag)
+            buffered, self._buffer = list(self._buffer), deque()
+            for queue, message in buffered:
+                with contextlib.suppress(Exception):
+                    delivery = self._delivery(queue, message)
+                    self._held[id(message)] = _Held(message, time.monotonic())
+                    await self._republish(delivery, attempts=delivery.attempt - 1, delay=0.0)
+            with contextlib.suppress(Exception):
+                await self._sub.close()
+            self._sub = None
+            self._consumers.clear()
+        with contextlib.suppress(Exception):
+            await self._conn.close()
+        self._conn = None
+        self._pub = None
+        self._held.clear()
+
+    @property
+    def _channel(self) -> aio_pika.abc.AbstractChannel:
+        if self._pub is None:
+            raise RuntimeError("the RabbitMQ transport is not open")
+        return self._pub
+
+    # -- topology ---------------------------------------------------------------------------
+
+    def arguments(self, queue: str) -> dict[str, dict[str, Any]]:
+        """The declared arguments of ``queue``'s work and exhausted queues."""
+        return {
+            queue: {
+                "x-queue-type": "quorum",
+                "x-delivery-limit": self.delivery_limit,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": exhausted_name(queue),
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
+            },
+            exhausted_name(queue): {"x-queue-type": "quorum"},
+        }
+
+    def delay_arguments(self, queue: str, ms: int) -> dict[str, Any]:
+        return {
+            "x-queue-type": "quorum",
+            "x-message-ttl": ms,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": queue,
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+
+    async def _declare(self, name: str, arguments: dict[str, Any]) -> None:
+        if name in self._declared:
+            return
+        async with self._declare_lock:
+            if name in self._declared:
+                return
+            try:
+                await self._channel.declare_queue(name, durable=True, arguments=arguments)
+            except aiormq.exceptions.ChannelPreconditionFailed as exc:
+                raise ConfigurationError(
+                    f"RabbitMQ queue {name!r} exists with other settings than jobfence "
+                    f"declares ({exc}); delete it or use another queue name"
+                ) from None
+            self._declared.add(name)
+
+    async def declare(self, queue: str) -> None:
+        """Declare ``queue``'s work and exhausted queues (idempotent)."""
+        for name, arguments in self.arguments(queue).items():
+            await self._declare(name, arguments)
+
+    async def _route(self, queue: str, delay: float) -> str:
+        await self.declare(queue)
+        ms = delay_bucket(delay)
+        if ms == 0:
+            return queue
+        name = delay_name(queue, ms)
+        await self._declare(name, self.delay_arguments(queue, ms))
+        return name
+
+    # -- publishing -------------------------------------------------------------------------
+
+    async def _send(self, routing_key: str, payload: bytes, meta: Meta) -> None:
+        message = aio_pika.Message(
+            payload,
+            headers=dict(meta.headers()),
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=meta.job_id,
+            correlation_id=meta.correlation_id,
+        )
+        # waits for the publisher confirm; mandatory: an unroutable message is an error
+        await self._channel.default_exchange.publish(message, routing_key, mandatory=True)
+
+    async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        for start in range(0, len(jobs), PUBLISH_BATCH):
+            chunk = jobs[start : start + PUBLISH_BATCH]
+            routes = [await self._route(job.queue, job.delay) for job in chunk]
+            await asyncio.gather(
+                *(
+                    self._send(route, job.payload, Meta.new(job))
+                    for route, job in zip(routes, chunk, strict=True)
+                )
+            )
+
+    async def _republish(self, delivery: Delivery, *, attempts: int, delay: float) -> None:
+        """Publish a new copy of ``delivery`` (confirmed), then ack the old one."""
+        meta = Meta.again(delivery, attempts=attempts, history=delivery.history)
+        route = await self._route(delivery.queue, delay)
+        await self._send(route, delivery.payload, meta)
+        await self._settle(delivery, ack=True)
+
+    # -- consuming --------------------------------------------------------------------------
+
+    async def _consume(self, queues: Sequence[str]) -> None:
+        if self._sub is None or self._sub.is_closed:
+            assert self._conn is not None
+            self._sub = await self._conn.channel(publisher_confirms=False)
+            await self._sub.set_qos(prefetch_count=self.prefetch)
+            self._consuming.clear()
+            self._consumers.clear()
+        for queue in queues:
+            if queue in self._consuming:
+                continue
+            await self.declare(queue)
+            for name in (queue, exhausted_name(queue)):
+                q = await self._sub.declare_queue(name, passive=True)
+                tag = await q.consume(self._on_message(queue), no_ack=False)
+                self._consumers.append((q, tag))
+            self._consuming.add(queue)
+
+    def _on_message(self, queue: str) -> Any:
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            self._buffer.append((queue, message))
+            self._ready.set()
+
+        return on_message
+
+    def _delivery(self, queue: str, message: aio_pika.abc.AbstractIncomingMessage) -> Delivery:
+        headers = dict(message.headers or {})
+        meta = Meta.read(headers, fallback_job_id=message.message_id or "")
+        returned = _int(headers.get("x-delivery-count"))
+        # through jobfence.exhausted.Q: each such death took delivery_limit + 1 deliveries
+        lost_before = _limit_deaths(headers, queue) * (self.delivery_limit + 1)
+        attempt = meta.attempts + lost_before + returned + 1
+        return meta.delivery(queue, message.body, attempt, token=id(message), ref=message)
+
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        if limit <= 0:
+            return []
+        await self._consume(queues)
+        if not self._buffer:
+            self._ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), timeout=timeout)
+        found: list[Delivery] = []
+        deadline = time.monotonic() + self.lease.total_seconds()
+        while self._buffer and len(found) < limit:
+            queue, message = self._buffer.popleft()
+            delivery = self._delivery(queue, message)
+            self._held[id(message)] = _Held(message, deadline)
+            found.append(delivery)
+        return found
+
+    def wake(self) -> None:
+        self._ready.set()
+
+    # -- answers ----------------------------------------------------------------------------
+
+    async def _settle(self, delivery: Delivery, *, ack: bool) -> None:
+        held = self._held.pop(delivery.token, None)
+        message: aio_pika.abc.AbstractIncomingMessage = delivery.ref
+        if held is None and message.processed:
+            return  # already given back (its lease ran out); the broker redelivers it
+        if ack:
+            await message.ack()
+        else:
+            await message.nack(requeue=True)
+
+    async def ack(self, delivery: Delivery) -> None:
+        await self._settle(delivery, ack=True)
+
+    async def retry(
+        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+    ) -> None:
+        record = retry_record(delivery, delay, category, error)
+        meta = Meta.again(delivery, attempts=delivery.attempt, history=[*delivery.history, record])
+        route = await self._route(delivery.queue, delay.total_seconds())
+        await self._send(route, delivery.payload, meta)
+        await self._settle(delivery, ack=True)
+
+    async def release(self, delivery: Delivery, *, attempted: bool) -> None:
+        attempts = delivery.attempt if attempted else delivery.attempt - 1
+        await self._republish(delivery, attempts=attempts, delay=0.0)
+
+    async def extend(self, deliveries: Sequence[Delivery]) -> None:
+        deadline = time.monotonic() + self.lease.total_seconds()
+        for delivery in deliveries:
+            held = self._held.get(delivery.token)
+            if held is not None:
+                held.deadline = deadline
+
+    async def maintenance(self) -> None:
+        """Give back deliveries whose lease ran out without an answer (the harness could not
+        record their outcome): RabbitMQ redelivers them and counts the attempt."""
+        now = time.monotonic()
+        expired = [key for key, held in self._held.items() if held.deadline < now]
+        for key in expired:
+            held = self._held.pop(key)
+            log.warning(
+                "lease expired without an answer: returning the message to RabbitMQ",
+                extra={"job_id": (held.message.headers or {}).get("jobfence-job-id")},
+            )
+            with contextlib.suppress(Exception):
+                await held.message.nack(requeue=True)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _limit_deaths(headers: dict[str, Any], queue: str) -> int:
+    """How often RabbitMQ dead-lettered this message from ``queue`` for its delivery limit."""
+    total = 0
+    for death in headers.get("x-death") or []:
+        if not isinstance(death, dict):
+            continue
+        reason = death.get("reason")
+        where = death.get("queue")
+        if isinstance(reason, bytes):
+            reason = reason.decode()
+        if isinstance(where, bytes):
+            where = where.decode()
+        if reason == "delivery_limit" and where == queue:
+            total += int(death.get("count") or 0)
+    return total

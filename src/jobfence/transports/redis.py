@@ -1,0 +1,456 @@
+"""Redis Streams as the queue (``redis://host:6379/0``), with redis-py's asyncio client.
+
+Per jobfence queue ``Q`` (keys share the hash tag ``{Q}``, so a Redis Cluster keeps them
+on one slot):
+
+* ``<prefix>:{Q}:stream`` — a stream read by the consumer group ``<prefix>``; each worker
+  is a consumer of its own name; entries stay in the group's pending list until acked;
+* crashed consumers' pending entries are taken over with ``XAUTOCLAIM`` once idle longer
+  than the lease (a worker renews its own with ``XCLAIM … JUSTID`` while it works), and
+  the stream's delivery counter makes that lost delivery count as an attempt (SPEC R1);
+* ``<prefix>:{Q}:delayed`` — a sorted set of delayed jobs scored by due time in ms *of
+  the Redis clock*; a script moves due jobs into the stream atomically;
+* trimming (``XTRIM MINID``) only below the oldest entry still pending or undelivered:
+  acked work goes, unacked work never.
+
+Durability is the server's: with ``appendonly no`` (or RDB snapshots only) a restart loses
+the queue. On open the adapter reads the setting and warns; use ``appendonly yes`` with
+``appendfsync always`` (or accept ``everysec``: up to a second of acknowledged enqueues).
+
+URL options (removed before connecting): ``prefix`` (default ``jobfence``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from ..errors import Category, ConfigurationError
+from ..jobs import Delivery
+from ..store import OutgoingJob
+from . import Transport
+from ._broker import Meta, Options, ShieldedFetch, retry_record
+
+log = logging.getLogger("jobfence.transport.redis")
+
+PAYLOAD = "payload"
+PUBLISH_BATCH = 1000
+PROMOTE_EVERY = 0.05  # seconds between checks for due delayed jobs
+MAX_BLOCK = 1.0  # seconds one XREADGROUP may block
+
+# Ack the old entry (if still ours) and add the new copy, now or delayed, atomically.
+# KEYS: stream, delayed zset, message hash. ARGV: group, consumer, old id, delay ms, fields…
+SCHEDULE = """
+if ARGV[3] ~= '' then
+  local owner = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+  if #owner == 0 or owner[1][2] ~= ARGV[2] then return 0 end
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+end
+local delay = tonumber(ARGV[4])
+if delay <= 0 then
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
+else
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HSET', KEYS[3], unpack(ARGV, 5))
+  redis.call('ZADD', KEYS[2], now + delay, KEYS[3])
+end
+return 1
+"""
+
+# Move due delayed jobs into the stream. KEYS: delayed zset, stream. ARGV: limit.
+# Returns {moved, ms until the next one is due or -1}.
+PROMOTE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+for _, key in ipairs(due) do
+  local fields = redis.call('HGETALL', key)
+  if #fields > 0 then redis.call('XADD', KEYS[2], '*', unpack(fields)) end
+  redis.call('DEL', key)
+  redis.call('ZREM', KEYS[1], key)
+end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #nxt == 0 then return {#due, -1} end
+return {#due, tonumber(nxt[2]) - now}
+"""
+
+# Reset the idle time of entries still pending to this consumer (never steal one).
+# KEYS: stream. ARGV: group, consumer, ids…
+EXTEND = """
+local n = 0
+for i = 3, #ARGV do
+  local owner = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #owner > 0 and owner[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _successor(entry_id: str) -> str:
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class RedisTransport(Transport):
+    """Jobs as entries of Redis streams, read by one consumer group."""
+
+    name = "redis"
+    shares_database = False
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        lease: timedelta = timedelta(seconds=30),
+        worker_id: str = "jobfence",
+        prefix: str = "jobfence",
+    ) -> None:
+        self.url = url
+        self.lease = lease
+        self.worker_id = worker_id
+        self.prefix = prefix
+        self.group = prefix
+        self._redis: aioredis.Redis | None = None
+        self._groups: set[str] = set()
+        self._claimed: deque[Delivery] = deque()
+        self._reads = ShieldedFetch()
+        self._consumed: set[str] = set()
+        self._last_promote: dict[str, float] = {}
+        self._next_due: dict[str, float] = {}
+        self._seq = 0
+        self._schedule: Any = None
+        self._promote: Any = None
+        self._extend: Any = None
+
+    @classmethod
+    def from_url(cls, url: str, *, lease: timedelta, worker_id: str) -> RedisTransport:
+        options = Options(url, "redis")
+        prefix = options.text("prefix", "jobfence")
+        return cls(options.remaining_url(), lease=lease, worker_id=worker_id, prefix=prefix)
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def stream_key(self, queue: str) -> str:
+        return f"{self.prefix}:{{{queue}}}:stream"
+
+    def delayed_key(self, queue: str) -> str:
+        return f"{self.prefix}:{{{queue}}}:delayed"
+
+    def _message_key(self, queue: str) -> str:
+        self._seq += 1
+        return f"{self.prefix}:{{{queue}}}:job:{self.worker_id}:{time.time_ns()}:{self._seq}"
+
+    # -- connection -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        client: aioredis.Redis = aioredis.Redis.from_url(
+            self.url,
+            decode_responses=False,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+            health_check_interval=10,
+            client_name=f"jobfence-{self.worker_id}"[:60].replace(" ", "_"),
+        )
+        try:
+            settings = await self._settings(client)
+        except (OSError, redis.exceptions.RedisError) as exc:
+            await client.aclose()
+            raise ConfigurationError(f"cannot connect to Redis: {exc}") from None
+        if settings.get("appendonly") != "yes":
+            log.warning(
+                "this Redis does not log writes (appendonly no): a restart loses every "
+                "queued job; run it with --appendonly yes --appendfsync always",
+                extra={"settings": settings},
+            )
+        self._redis = client
+        self._schedule = client.register_script(SCHEDULE)
+        self._promote = client.register_script(PROMOTE)
+        self._extend = client.register_script(EXTEND)
+
+    async def close(self) -> None:
+        if self._redis is None:
+            return
+        # what was read or taken over but never handed to a harness goes back, refunded
+        for delivery in [*await self._reads.settle(), *self._claimed]:
+            try:
+                await self.release(delivery, attempted=False)
+            except Exception:
+                log.exception("could not hand back a fetched entry; a takeover will")
+        self._claimed.clear()
+        if self._redis is not None:
+            redis_client, self._redis = self._redis, None
+            await redis_client.aclose()
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        if self._redis is None:
+            raise RuntimeError("the Redis transport is not open")
+        return self._redis
+
+    @staticmethod
+    async def _settings(client: aioredis.Redis) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for name in ("appendonly", "appendfsync", "save"):
+            raw = await client.config_get(name)
+            for key, value in raw.items():
+                found[_text(key)] = _text(value)
+        return found
+
+    async def durability(self) -> dict[str, str]:
+        """The server's persistence settings, as it reports them."""
+        return await self._settings(self.redis)
+
+    async def _ensure_group(self, queue: str, *, force: bool = False) -> None:
+        key = self.stream_key(queue)
+        if key in self._groups and not force:
+            return
+        try:
+            await self.redis.xgroup_create(key, self.group, id="0", mkstream=True)
+        except redis.exceptions.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._groups.add(key)
+
+    # -- publishing -------------------------------------------------------------------------
+
+    @staticmethod
+    def _fields(payload: bytes, meta: Meta) -> list[Any]:
+        fields: list[Any] = [PAYLOAD, payload]
+        for key, value in meta.headers().items():
+            fields += [key, value]
+        return fields
+
+    async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        for queue in {job.queue for job in jobs}:
+            await self._ensure_group(queue)
+        for start in range(0, len(jobs), PUBLISH_BATCH):
+            chunk = jobs[start : start + PUBLISH_BATCH]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job in chunk:
+                    fields = self._fields(job.payload, Meta.new(job))
+                    if job.delay > 0:
+                        await self._schedule(
+                            keys=[
+                                self.stream_key(job.queue),
+                                self.delayed_key(job.queue),
+                                self._message_key(job.queue),
+                            ],
+                            args=[self.group, self.worker_id, "", int(job.delay * 1000), *fields],
+                            client=pipe,
+                        )
+                    else:
+                        pipe.xadd(
+                            self.stream_key(job.queue),
+                            dict(zip(fields[::2], fields[1::2], strict=True)),
+                        )
+                await pipe.execute()
+
+    # -- consuming --------------------------------------------------------------------------
+
+    def _delivery(
+        self, queue: str, entry_id: Any, fields: dict[Any, Any], delivered: int
+    ) -> Delivery:
+        data = {_text(k): v for k, v in fields.items()}
+        headers = {k: _text(v) for k, v in data.items() if k != PAYLOAD}
+        meta = Meta.read(headers)
+        attempt = meta.attempts + max(delivered, 1)
+        payload = data.get(PAYLOAD, b"")
+        return meta.delivery(
+            queue,
+            bytes(payload) if not isinstance(payload, bytes) else payload,
+            attempt,
+            token=_text(entry_id),
+            ref=self.stream_key(queue),
+        )
+
+    async def _promote_due(self, queue: str, *, force: bool = False) -> float | None:
+        """Move due delayed jobs of ``queue`` into its stream; seconds until the next."""
+        now = time.monotonic()
+        if not force and now - self._last_promote.get(queue, 0.0) < PROMOTE_EVERY:
+            nxt = self._next_due.get(queue)
+            if nxt is None or nxt > now:
+                return None if nxt is None else nxt - now
+        self._last_promote[queue] = now
+        _moved, wait_ms = await self._promote(
+            keys=[self.delayed_key(queue), self.stream_key(queue)], args=[500]
+        )
+        if int(wait_ms) < 0:
+            self._next_due.pop(queue, None)
+            return None
+        self._next_due[queue] = now + int(wait_ms) / 1000
+        return int(wait_ms) / 1000
+
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        if limit <= 0:
+            return []
+        found: list[Delivery] = []
+        while self._claimed and len(found) < limit:
+            found.append(self._claimed.popleft())
+        found += self._reads.take(limit - len(found))
+        if found:
+            return found
+        return await self._reads.run(self._read(queues, limit, timeout))
+
+    async def _read(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        found: list[Delivery] = []
+        wait = min(timeout, MAX_BLOCK)
+        for queue in queues:
+            if queue not in self._consumed:
+                await self._ensure_group(queue)
+                self._consumed.add(queue)
+            next_due = await self._promote_due(queue)
+            if next_due is not None:
+                wait = min(wait, next_due)
+        block = int(wait * 1000)
+        streams = {self.stream_key(q): ">" for q in queues}
+        try:
+            reply = await self.redis.xreadgroup(
+                self.group,
+                self.worker_id,
+                streams,  # type: ignore[arg-type]
+                count=limit,
+                block=block if block > 0 else None,
+            )
+        except redis.exceptions.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning(
+                "the Redis consumer group is gone (a restart without persistence?); recreating it"
+            )
+            for queue in queues:
+                await self._ensure_group(queue, force=True)
+            return []
+        by_key = {self.stream_key(q): q for q in queues}
+        rows: list[Any] = list(reply or [])
+        for key, entries in rows:
+            queue = by_key[_text(key)]
+            for entry_id, fields in entries:
+                found.append(self._delivery(queue, entry_id, fields, 1))
+        return found
+
+    # -- answers ----------------------------------------------------------------------------
+
+    async def ack(self, delivery: Delivery) -> None:
+        await self.redis.xack(delivery.ref, self.group, delivery.token)
+
+    async def _copy(self, delivery: Delivery, meta: Meta, delay: float) -> None:
+        await self._schedule(
+            keys=[
+                delivery.ref,
+                self.delayed_key(delivery.queue),
+                self._message_key(delivery.queue),
+            ],
+            args=[
+                self.group,
+                self.worker_id,
+                delivery.token,
+                max(int(delay * 1000), 0),
+                *self._fields(delivery.payload, meta),
+            ],
+        )
+
+    async def retry(
+        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+    ) -> None:
+        record = retry_record(delivery, delay, category, error)
+        meta = Meta.again(delivery, attempts=delivery.attempt, history=[*delivery.history, record])
+        await self._copy(delivery, meta, delay.total_seconds())
+
+    async def release(self, delivery: Delivery, *, attempted: bool) -> None:
+        attempts = delivery.attempt if attempted else delivery.attempt - 1
+        await self._copy(
+            delivery, Meta.again(delivery, attempts=attempts, history=delivery.history), 0.0
+        )
+
+    async def extend(self, deliveries: Sequence[Delivery]) -> None:
+        by_stream: dict[str, list[str]] = {}
+        for delivery in deliveries:
+            by_stream.setdefault(delivery.ref, []).append(delivery.token)
+        for key, ids in by_stream.items():
+            await self._extend(keys=[key], args=[self.group, self.worker_id, *ids])
+
+    async def maintenance(self) -> None:
+        for queue in list(self._consumed):
+            await self._promote_due(queue, force=True)
+            await self._reclaim(queue)
+            await self.trim(queue)
+
+    async def _reclaim(self, queue: str) -> None:
+        """Take over entries idle longer than the lease (their worker was lost)."""
+        key = self.stream_key(queue)
+        lease_ms = int(self.lease.total_seconds() * 1000)
+        start = "0-0"
+        for _ in range(10):
+            reply = await self.redis.xautoclaim(
+                key, self.group, self.worker_id, lease_ms, start_id=start, count=100
+            )
+            start = _text(reply[0])
+            entries = [(e_id, f) for e_id, f in reply[1] if f is not None]
+            deleted = reply[2] if len(reply) > 2 else []
+            if deleted:
+                log.error(
+                    "pending stream entries were deleted before being acked",
+                    extra={"stream": key, "ids": [_text(i) for i in deleted]},
+                )
+            if entries:
+                ids = sorted((_text(e) for e, _ in entries), key=_id_key)
+                pending = await self.redis.xpending_range(
+                    key,
+                    self.group,
+                    min=ids[0],
+                    max=ids[-1],
+                    count=len(ids) + 100,
+                    consumername=self.worker_id,
+                )
+                counts = {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+                for entry_id, fields in entries:
+                    delivered = counts.get(_text(entry_id), 2)
+                    self._claimed.append(self._delivery(queue, entry_id, fields, delivered))
+                log.warning(
+                    "took over jobs whose lease expired (worker killed or lost)",
+                    extra={"jobs": len(entries), "queue": queue},
+                )
+            if start == "0-0":
+                break
+
+    async def trim(self, queue: str) -> int:
+        """Drop entries every group has acked; never one still pending or undelivered."""
+        key = self.stream_key(queue)
+        try:
+            groups = await self.redis.xinfo_groups(key)
+        except redis.exceptions.ResponseError:
+            return 0
+        if not groups:
+            return 0
+        bounds: list[str] = []
+        for group in groups:
+            bounds.append(_successor(_text(group["last-delivered-id"])))
+            if int(group["pending"]) > 0:
+                summary = await self.redis.xpending(key, _text(group["name"]))
+                if summary.get("min"):
+                    bounds.append(_text(summary["min"]))
+        minid = min(bounds, key=_id_key)
+        trimmed: int = await self.redis.xtrim(key, minid=minid, approximate=False)
+        return trimmed

@@ -1,0 +1,149 @@
+"""The queue's server stopped and started mid-run (SPEC Q1, H3): no acknowledged job is
+lost, and every job ends as exactly one effect or one dead letter.
+
+Each server is a private instance on its own port and data directory (the shared servers
+are never touched). Redis, RabbitMQ and PostgreSQL are crashed (SIGKILL, immediate
+shutdown): they promise durability when they acknowledge. NATS 2.9 acknowledges a publish
+before its file store has flushed it (see docs/transports.md), so it is stopped with
+SIGTERM, the way an operator restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobfence import App
+
+from ..helpers import eventually, query
+from .servers import NatsServer, PostgresServer, RabbitServer, RedisServer, Server
+from .support import (
+    Target,
+    broker_url,
+    cleanup,
+    create_effects_table,
+    new_queue,
+    start_worker,
+    stop_worker,
+    wait_started,
+)
+
+SERVERS: dict[str, type[Server]] = {
+    "postgresql": PostgresServer,
+    "rabbitmq": RabbitServer,
+    "nats": NatsServer,
+    "redis": RedisServer,
+}
+
+
+@pytest.fixture(params=sorted(SERVERS))
+def restartable(request: pytest.FixtureRequest) -> Iterator[tuple[Target, Server]]:
+    """A transport on a private server this test may stop and start."""
+    kind = str(request.param)
+    server = SERVERS[kind]()
+    try:
+        server.start()
+        queue, token = new_queue()
+        if kind == "postgresql":
+            database = server.url
+            asyncio.run(App(database).migrate())
+            transport = None
+        else:
+            database = str(request.getfixturevalue("pg_database"))
+            transport = broker_url(kind, token, base=server.url)
+        create_effects_table(database)
+        target = Target(kind, database, transport, queue, token)
+        yield target, server
+        if transport is not None:
+            asyncio.run(cleanup(target))
+    finally:
+        server.close()
+
+
+def stop_server(server: Server) -> None:
+    if isinstance(server, NatsServer) and server.proc is not None:
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(timeout=60)
+        server.proc = None
+    server.kill()
+
+
+async def publish(app: App, queue: str, job_id: str, timeout: float) -> bool:
+    """True when the queue acknowledged the job within ``timeout``."""
+    try:
+        await asyncio.wait_for(
+            app.enqueue(queue, {"mode": "sleep", "seconds": 0.02}, job_id=job_id), timeout
+        )
+    except Exception:
+        return False
+    return True
+
+
+async def outcomes(database: str) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    done = collections.Counter(r[0] for r in await query(database, "SELECT job_id FROM effects"))
+    dead = collections.Counter(
+        r[0] for r in await query(database, "SELECT job_id FROM core.dead_letters")
+    )
+    return done, dead
+
+
+async def test_restarting_the_server_mid_run_loses_no_acknowledged_job(
+    restartable: tuple[Target, Server], tmp_path: Path
+) -> None:
+    """Two workers run; 40 jobs are published, the server goes down while they are being
+    processed, publishes during the outage may fail, the server comes back, 40 more are
+    published. Every acknowledged job ends as exactly one effect or one dead letter."""
+    target, server = restartable
+    env = target.env(tmp_path, lease=2.0)
+    workers = [start_worker(env, tmp_path / f"w{i}.log") for i in range(2)]
+    acknowledged: list[str] = []
+    app = target.app(lease=2.0)
+    try:
+        for i in range(2):
+            await wait_started(tmp_path / f"w{i}.log")
+        for i in range(40):
+            assert await publish(app, target.queue, f"a-{i:03d}", timeout=30)
+            acknowledged.append(f"a-{i:03d}")
+        await eventually(
+            lambda: _count_done(target.database_url, 1), timeout=60, what="work under way"
+        )
+        stop_server(server)
+        for i in range(5):
+            if await publish(app, target.queue, f"b-{i:03d}", timeout=1):
+                acknowledged.append(f"b-{i:03d}")
+        server.start()
+        for i in range(40):
+            job_id = f"c-{i:03d}"
+            await eventually(
+                lambda job_id=job_id: publish(app, target.queue, job_id, timeout=5),  # type: ignore[misc]
+                timeout=90,
+                interval=0.2,
+                what=f"publish {job_id} after the restart",
+            )
+            acknowledged.append(job_id)
+
+        async def all_settled() -> bool:
+            done, dead = await outcomes(target.database_url)
+            return all(done[j] + dead[j] >= 1 for j in acknowledged)
+
+        await eventually(all_settled, timeout=120, interval=0.2, what="every job settled")
+    finally:
+        with contextlib.suppress(Exception):
+            await app.close()
+        codes = [stop_worker(w) for w in workers]
+    assert codes == [0, 0]
+    done, dead = await outcomes(target.database_url)
+    assert [j for j in acknowledged if done[j] + dead[j] != 1] == []
+    assert [j for j, n in done.items() if n != 1] == []
+    assert len(acknowledged) >= 80
+
+
+async def _count_done(database: str, at_least: int) -> bool:
+    done, _ = await outcomes(database)
+    return sum(done.values()) >= at_least
