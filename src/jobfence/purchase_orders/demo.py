@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import socket
 import time
@@ -356,8 +357,18 @@ async def run_scenario(
         ]
         sends = [send for _, send in phase1] + phase2
 
-        limits = httpx.Limits(max_connections=scenario.client_concurrency)
-        async with httpx.AsyncClient(base_url=stack.api_url, timeout=30, limits=limits) as http:
+        # several small clients: one httpx pool scans all its connections for every request
+        lanes = max(1, scenario.client_concurrency // 4)
+        limits = httpx.Limits(max_connections=4)
+        async with contextlib.AsyncExitStack() as clients:
+            pool = [
+                await clients.enter_async_context(
+                    httpx.AsyncClient(base_url=stack.api_url, timeout=30, limits=limits)
+                )
+                for _ in range(lanes)
+            ]
+            http = pool[0]
+            rotation = itertools.count()
             gate = asyncio.Semaphore(scenario.client_concurrency)
 
             async def post(send: Send) -> None:
@@ -366,9 +377,10 @@ async def run_scenario(
                     "Authorization": f"Bearer {partners[spec['partner']]}",
                     "Idempotency-Key": spec["key"],
                 }
+                lane = pool[next(rotation) % lanes]
                 async with gate:
                     for _ in range(200):
-                        response = await http.post("/requests", json=spec["body"], headers=headers)
+                        response = await lane.post("/requests", json=spec["body"], headers=headers)
                         if not send.first_status:
                             send.first_status = response.status_code
                         send.status = response.status_code

@@ -332,10 +332,10 @@ class PurchaseOrderService:
             "external_reference": body.external_reference,
             "document": _json(document),
             "event_id": event_id,
+            "detail": _json({"by": partner_id}),
         }
         async with self.db.transaction() as tx:
             if await q(tx, "request_insert", params):
-                await self._history(tx, request_id, State.RECEIVED, event_id, {"by": partner_id})
                 await outbox.write(
                     tx,
                     QUEUE,
@@ -563,8 +563,7 @@ class PurchaseOrderService:
         ids = [e.event_id for e in events if e.queue == QUEUE]
         if not ids:
             return
-        for row in await q(tx, "mark_published", {"event_ids": ids}):
-            await self._history(tx, str(row["request_id"]), State.PUBLISHED, row["event_id"], {})
+        await q(tx, "mark_published", {"event_ids": ids})
 
     async def handle(self, job: Job[OrderEvent], tx: Tx) -> None:
         """The consumer: the fence row is already in ``tx``; send the order, complete it."""
@@ -580,16 +579,14 @@ class PurchaseOrderService:
             )
             return
         async with self.side.transaction() as side:
-            if await q(
+            await q(
                 side,
                 "mark_sent",
                 {"request_id": request_id, "event_id": job.job_id, "attempt": job.attempt},
-            ):
-                await self._history(
-                    side, request_id, State.SENT_TO_ERP, job.job_id, {"attempt": job.attempt}
-                )
+            )
         order = await self.erp.create_purchase_order(request_id, dict(row["document"]))
-        if await q(
+        detail = {"erp_order_id": order.order_id, "created_by_this_call": order.created}
+        await q(
             tx,
             "mark_completed",
             {
@@ -597,15 +594,9 @@ class PurchaseOrderService:
                 "event_id": job.job_id,
                 "erp_order_id": order.order_id,
                 "attempt": job.attempt,
+                "detail": _json(detail),
             },
-        ):
-            await self._history(
-                tx,
-                request_id,
-                State.COMPLETED,
-                job.job_id,
-                {"erp_order_id": order.order_id, "created_by_this_call": order.created},
-            )
+        )
 
     async def mark_retry_pending(
         self, event_id: str, attempt: int, category: Category, error: str

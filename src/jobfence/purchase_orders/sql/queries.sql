@@ -12,14 +12,21 @@ ON CONFLICT (partner_id) DO UPDATE SET name = excluded.name, token_hash = exclud
 SELECT partner_id, name FROM purchase_orders.partners WHERE token_hash = %(token_hash)s
 
 -- name: request_insert
-INSERT INTO purchase_orders.requests (
-    request_id, partner_id, idempotency_key, company_id, document_type, external_reference,
-    document, state, current_event_id)
-VALUES (%(request_id)s, %(partner_id)s, %(idempotency_key)s, %(company_id)s,
-        %(document_type)s, %(external_reference)s, %(document)s::jsonb, 'RECEIVED',
-        %(event_id)s)
-ON CONFLICT DO NOTHING
-RETURNING request_id
+-- The request row and its first history entry, one round trip.
+WITH created AS (
+    INSERT INTO purchase_orders.requests (
+        request_id, partner_id, idempotency_key, company_id, document_type,
+        external_reference, document, state, current_event_id)
+    VALUES (%(request_id)s, %(partner_id)s, %(idempotency_key)s, %(company_id)s,
+            %(document_type)s, %(external_reference)s, %(document)s::jsonb, 'RECEIVED',
+            %(event_id)s)
+    ON CONFLICT DO NOTHING
+    RETURNING request_id, current_event_id
+), logged AS (
+    INSERT INTO purchase_orders.request_history (request_id, state, event_id, detail)
+    SELECT request_id, 'RECEIVED', current_event_id, %(detail)s::jsonb FROM created
+)
+SELECT request_id FROM created
 
 -- name: request_by_key
 SELECT request_id, state, current_event_id FROM purchase_orders.requests
@@ -51,22 +58,39 @@ WHERE request_id = %(request_id)s ORDER BY id
 
 -- name: mark_published
 -- Called by the relay in the transaction that marks the events published.
-UPDATE purchase_orders.requests SET state = 'PUBLISHED', updated_at = now()
-WHERE current_event_id = ANY(%(event_ids)s) AND state = 'RECEIVED'
-RETURNING request_id, current_event_id AS event_id
+WITH moved AS (
+    UPDATE purchase_orders.requests SET state = 'PUBLISHED', updated_at = now()
+    WHERE current_event_id = ANY(%(event_ids)s) AND state = 'RECEIVED'
+    RETURNING request_id, current_event_id
+)
+INSERT INTO purchase_orders.request_history (request_id, state, event_id)
+SELECT request_id, 'PUBLISHED', current_event_id FROM moved
+RETURNING request_id
 
 -- name: mark_sent
-UPDATE purchase_orders.requests SET state = 'SENT_TO_ERP', attempts = %(attempt)s,
-    updated_at = now()
-WHERE request_id = %(request_id)s AND current_event_id = %(event_id)s
-  AND state <> 'COMPLETED'
+WITH moved AS (
+    UPDATE purchase_orders.requests SET state = 'SENT_TO_ERP', attempts = %(attempt)s,
+        updated_at = now()
+    WHERE request_id = %(request_id)s AND current_event_id = %(event_id)s
+      AND state <> 'COMPLETED'
+    RETURNING request_id, current_event_id
+)
+INSERT INTO purchase_orders.request_history (request_id, state, event_id, detail)
+SELECT request_id, 'SENT_TO_ERP', current_event_id,
+       jsonb_build_object('attempt', %(attempt)s::int) FROM moved
 RETURNING request_id
 
 -- name: mark_completed
-UPDATE purchase_orders.requests SET state = 'COMPLETED', erp_order_id = %(erp_order_id)s,
-    attempts = %(attempt)s, error_code = NULL, error_category = NULL, last_error = NULL,
-    updated_at = now()
-WHERE request_id = %(request_id)s AND current_event_id = %(event_id)s AND state <> 'COMPLETED'
+WITH moved AS (
+    UPDATE purchase_orders.requests SET state = 'COMPLETED', erp_order_id = %(erp_order_id)s,
+        attempts = %(attempt)s, error_code = NULL, error_category = NULL, last_error = NULL,
+        updated_at = now()
+    WHERE request_id = %(request_id)s AND current_event_id = %(event_id)s
+      AND state <> 'COMPLETED'
+    RETURNING request_id, current_event_id
+)
+INSERT INTO purchase_orders.request_history (request_id, state, event_id, detail)
+SELECT request_id, 'COMPLETED', current_event_id, %(detail)s::jsonb FROM moved
 RETURNING request_id
 
 -- name: mark_retry_pending
