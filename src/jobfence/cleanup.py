@@ -66,6 +66,7 @@ class Maintenance:
     alert_sinks: Sequence[AlertSink] | None = None
     alert_interval: timedelta = timedelta(seconds=5)
     alert_window: timedelta = timedelta(minutes=5)
+    alert_timeout: timedelta = timedelta(seconds=10)
     gauges_interval: timedelta = timedelta(seconds=30)
 
     def __post_init__(self) -> None:
@@ -73,7 +74,13 @@ class Maintenance:
 
         if self.cleanup_batch < 1:
             raise ConfigurationError("cleanup_batch must be at least 1")
-        for name in ("cleanup_interval", "alert_interval", "alert_window", "gauges_interval"):
+        for name in (
+            "cleanup_interval",
+            "alert_interval",
+            "alert_window",
+            "alert_timeout",
+            "gauges_interval",
+        ):
             if getattr(self, name) <= timedelta(0):
                 raise ConfigurationError(f"{name} must be a positive duration")
 
@@ -254,7 +261,12 @@ async def housekeeping(app: App) -> None:
         if settings.alerts:
             try:
                 sinks = sinks_from_env() if settings.alert_sinks is None else settings.alert_sinks
-                dispatcher = AlertDispatcher(app.db, sinks, window=settings.alert_window)
+                dispatcher = AlertDispatcher(
+                    app.db,
+                    sinks,
+                    window=settings.alert_window,
+                    timeout=settings.alert_timeout.total_seconds(),
+                )
             except ConfigurationError as exc:
                 log.error("alerts will not be delivered: %s", exc)
             else:

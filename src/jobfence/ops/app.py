@@ -35,6 +35,7 @@ log = logging.getLogger("jobfence.ops")
 
 PROBLEM = "application/problem+json"
 DEFAULT_MAX_BODY = 128 * 1024
+DRAIN_LIMIT = 8 * 1024 * 1024  # an oversized streamed body is read this far, then cut off
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -105,6 +106,12 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
+                # read (and drop) the rest, up to a bound, so the client gets to read the 413
+                more = message.get("more_body", False)
+                while more and size <= DRAIN_LIMIT:
+                    message = await receive()
+                    size += len(message.get("body", b""))
+                    more = message["type"] == "http.request" and message.get("more_body", False)
                 await self._too_large(scope, receive, send)
                 return
             chunks.append(chunk)

@@ -342,6 +342,13 @@ JOIN core.alerts AS a ON a.id = d.alert_id
 WHERE d.delivered_at IS NULL
   AND d.next_attempt_at <= %(now)s
   AND a.ready_at <= %(now)s
+  -- a summary follows its window's first alert: not before that reached the same sink
+  AND NOT (a.kind = 'summary' AND EXISTS (
+      SELECT 1 FROM core.alerts AS f
+      JOIN core.alert_deliveries AS fd ON fd.alert_id = f.id AND fd.sink = d.sink
+      WHERE f.kind = 'first' AND f.source = a.source AND f.queue = a.queue
+        AND f.category = a.category AND f.fingerprint = a.fingerprint
+        AND f.window_start = a.window_start AND fd.delivered_at IS NULL))
 ORDER BY d.next_attempt_at, d.alert_id
 LIMIT %(limit)s
 

@@ -1,0 +1,265 @@
+"""The CLI twins (``jobfence dead-letters …``, ``cleanup``, ``ops token``, ``alerts``): the
+same service functions as the API, one-line errors, JSON for scripts. Both stores."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from jobfence.cli import main
+from jobfence.ops.auth import authenticate
+
+from ..helpers import query, table
+from .conftest import letter_params, opened, seed_letters
+
+
+def dialect(url: str) -> str:
+    return "postgresql" if url.startswith("postgresql") else "sqlite"
+
+
+def jobfence(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run the CLI in-process; (exit code, stdout, stderr)."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def seed(url: str, *job_ids: str, **kwargs: Any) -> list[int]:
+    return asyncio.run(
+        seed_letters(url, [letter_params(dialect(url), j, **kwargs) for j in job_ids])
+    )
+
+
+def test_discard_without_a_reason_is_one_clear_line(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A blank --reason and a missing one are refused in one line; nothing changes."""
+    [letter] = seed(database_url, "j1")
+    blank = jobfence(
+        capsys,
+        "dead-letters",
+        "discard",
+        str(letter),
+        "--reason",
+        "  \t",
+        "--database-url",
+        database_url,
+    )
+    missing = jobfence(
+        capsys, "dead-letters", "discard", str(letter), "--database-url", database_url
+    )
+    assert blank == (
+        1,
+        "",
+        "jobfence: error: a discard needs a reason: say why this letter needs no replay (e.g. "
+        "'order cancelled by the partner, ticket OPS-123')\n",
+    )
+    assert missing[0] == 2
+    assert missing[2].startswith("jobfence: error: Missing option '--reason'.")
+    assert missing[2].count("\n") == 1
+    state = asyncio.run(
+        query(database_url, f"SELECT status FROM {table(database_url, 'dead_letters')}")
+    )
+    assert state == [("pending_review",)]
+
+
+def test_show_replay_discard_and_audit_for_scripts(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json everywhere: show has the payload, replay reports its outcome, a second replay
+    is a one-line conflict, discard and audit record the actor."""
+    url = database_url
+    one, two = seed(url, "po-1", "po-2", correlation_id="req-1")
+    code, out, _ = jobfence(
+        capsys, "dead-letters", "show", str(one), "--json", "--database-url", url
+    )
+    shown = json.loads(out)
+    assert code == 0
+    assert (shown["job_id"], shown["correlation_id"], shown["status"]) == (
+        "po-1",
+        "req-1",
+        "pending_review",
+    )
+    assert shown["payload"] == {"encoding": "utf-8", "data": '{"member_id": "po-1", "points": 1}'}
+    replayed = jobfence(
+        capsys,
+        "dead-letters",
+        "replay",
+        str(one),
+        "--json",
+        "--actor",
+        "ana",
+        "--database-url",
+        url,
+    )
+    again = jobfence(capsys, "dead-letters", "replay", str(one), "--database-url", url)
+    discarded = jobfence(
+        capsys,
+        "dead-letters",
+        "discard",
+        str(two),
+        "--reason",
+        "test order",
+        "--actor",
+        "ben",
+        "--json",
+        "--database-url",
+        url,
+    )
+    code, out, _ = jobfence(capsys, "dead-letters", "audit", "--json", "--database-url", url)
+    assert json.loads(replayed[1]) == {
+        "dead_letter_id": one,
+        "outcome": "published",
+        "detail": None,
+    }
+    assert again[0] == 1
+    assert again[2].startswith(
+        f"jobfence: error: dead letter {one} was already replayed by ana at "
+    )
+    assert json.loads(discarded[1]) == {
+        "dead_letter_id": two,
+        "outcome": "discarded",
+        "detail": None,
+    }
+    entries = [json.loads(line) for line in out.splitlines()]
+    assert [(e["actor"], e["via"], e["action"], e["dead_letter_id"]) for e in entries] == [
+        ("ben", "cli", "dead_letter.discard", two),
+        ("ana", "cli", "dead_letter.replay", one),
+    ]
+
+
+def test_a_bulk_replay_asks_before_it_acts(
+    database_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preview (count, breakdown, sample) comes first; answering no republishes nothing;
+    --yes --expect N runs it and reports the outcomes; --json without --yes is refused."""
+    url = database_url
+    ids = seed(url, "b-1", "b-2", "b-3", queue="erp.send")
+    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    declined = jobfence(
+        capsys, "dead-letters", "replay", "--queue", "erp.send", "--database-url", url
+    )
+    refused = jobfence(
+        capsys, "dead-letters", "replay", "--queue", "erp.send", "--json", "--database-url", url
+    )
+    wrong = jobfence(
+        capsys,
+        "dead-letters",
+        "replay",
+        "--queue",
+        "erp.send",
+        "--yes",
+        "--expect",
+        "5",
+        "--json",
+        "--database-url",
+        url,
+    )
+    done = jobfence(
+        capsys,
+        "dead-letters",
+        "replay",
+        "--queue",
+        "erp.send",
+        "--since",
+        "1h",
+        "--yes",
+        "--expect",
+        "3",
+        "--rate",
+        "0",
+        "--json",
+        "--database-url",
+        url,
+    )
+    assert declined[0] == 130
+    assert "bulk replay" in declined[1]
+    assert "3 pending letters" in declined[1]
+    assert refused[0] == 2
+    assert "--json runs unattended: add --yes" in refused[2]
+    assert wrong[0] == 1
+    assert "the snapshot has 3 letters, not the 5 expected" in wrong[2]
+    report = json.loads(done[1])
+    assert (done[0], report["state"], report["counts"]) == (0, "done", {"published": 3})
+    jobs = asyncio.run(query(url, f"SELECT job_id FROM {table(url, 'jobs')} ORDER BY job_id"))
+    assert jobs == [("b-1",), ("b-2",), ("b-3",)]
+    assert len(ids) == 3
+
+
+def test_token_create_prints_a_token_the_api_accepts(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The token is printed once; only its hash is stored; it authenticates as created."""
+    code, out, _ = jobfence(
+        capsys,
+        "ops",
+        "token",
+        "create",
+        "--name",
+        "carol",
+        "--role",
+        "operator",
+        "--partner",
+        "acme",
+        "--expires-in",
+        "30d",
+        "--database-url",
+        database_url,
+    )
+    token = out.strip()
+
+    async def check() -> tuple[Any, list[tuple[Any, ...]]]:
+        async with opened(database_url) as db:
+            principal = await authenticate(db, token)
+        stored = await query(
+            database_url, f"SELECT token_hash FROM {table(database_url, 'ops_tokens')}"
+        )
+        return principal, stored
+
+    principal, stored = asyncio.run(check())
+    listed = jobfence(capsys, "ops", "token", "list", "--json", "--database-url", database_url)
+    revoked = jobfence(capsys, "ops", "token", "revoke", "carol", "--database-url", database_url)
+    assert code == 0
+    assert token.startswith("jfo_")
+    assert (principal.name, principal.role, principal.partner) == ("carol", "operator", "acme")
+    assert token not in str(stored)
+    assert json.loads(listed[1])["name"] == "carol"
+    assert "token_hash" not in listed[1]
+    assert revoked[0] == 0
+
+
+def test_cleanup_once_reports_what_it_deleted(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``jobfence cleanup --once --json``: expired fences go, a fresh one stays."""
+    url = database_url
+    p = "%s" if url.startswith("postgresql") else "?"
+    old = datetime.now(UTC) - timedelta(days=9)
+    fresh = datetime.now(UTC)
+
+    def at(moment: datetime) -> Any:
+        return moment if url.startswith("postgresql") else moment.timestamp()
+
+    async def add() -> None:
+        async with opened(url) as db, db.transaction() as tx:
+            for job_id, processed in (("old-1", old), ("old-2", old), ("fresh", fresh)):
+                await tx.execute(
+                    f"INSERT INTO {table(url, 'processed_jobs')} VALUES ({p}, {p}, {p}, {p})",
+                    ("points", job_id, at(processed), at(processed + timedelta(days=7))),
+                )
+
+    asyncio.run(add())
+    code, out, _ = jobfence(capsys, "cleanup", "--once", "--json", "--database-url", url)
+    result = json.loads(out)
+    assert (code, result["deleted"], result["batches"], result["ran"]) == (0, 2, 1, True)
+    left = asyncio.run(query(url, f"SELECT job_id FROM {table(url, 'processed_jobs')}"))
+    assert left == [("fresh",)]
