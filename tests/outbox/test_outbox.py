@@ -605,3 +605,55 @@ def test_relay_command_runs_until_sigterm(pg_database: str) -> None:
             proc.wait()
     assert proc.returncode == 0, err
     assert asyncio.run(query(pg_database, "SELECT job_id FROM core.jobs")) == [("evt-relay-cli",)]
+
+
+def test_relay_embedded_in_a_worker_publishes_and_consumes(pg_database: str) -> None:
+    """`jobfence relay APP --with-worker` runs the relay and APP's worker in one process: an
+    event written in a transaction is published and consumed (one ledger row), and SIGTERM
+    stops both (exit 0)."""
+
+    async def seed() -> None:
+        await query(
+            pg_database,
+            "CREATE TABLE ledger (job_id TEXT NOT NULL, member_id TEXT NOT NULL, points INTEGER)",
+        )
+        async with App(pg_database) as app, app.db.transaction() as tx:
+            await outbox.write(
+                tx, "ledger.credit", {"member": "m-1", "points": 5}, event_id="evt-embedded"
+            )
+
+    asyncio.run(seed())
+    proc = _spawn_cli(
+        [
+            "relay",
+            "tests.outbox.relay_app:app",
+            "--with-worker",
+            "--database-url",
+            pg_database,
+            "--log-level",
+            "WARNING",
+        ]
+    )
+    try:
+
+        def credited() -> list[tuple[Any, ...]]:
+            return asyncio.run(query(pg_database, "SELECT job_id, points FROM ledger"))
+
+        rows = wait_until(credited, timeout=60, what="the event consumed in the same process")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert rows == [("evt-embedded", 5)]
+
+
+def _spawn_cli(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobfence.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

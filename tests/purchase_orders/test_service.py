@@ -377,3 +377,28 @@ async def test_outbox_routes_need_an_unscoped_operator_to_redrive(running: Ctx) 
     assert done.status_code == 200
     assert done.json()["count"] == 1
     assert audit == [("op-ann", "api", "outbox.redrive", "broker back")]
+
+
+async def test_replaying_the_dead_letter_completes_the_request(running: Ctx) -> None:
+    """Instead of the operator retry, the dead letter can be replayed through jobfence's
+    dead-letter service (same event id): the consumer completes the request, one order."""
+    from jobfence.deadletters import Actor, replay
+
+    ctx = running
+    await ctx.stack.control(functional_rate=1.0)
+    created = (await ctx.post("acme", DOC, "key-replay")).json()
+    failed = await ctx.settled(created["requestId"], "FAILED")
+    await ctx.stack.control(functional_rate=0.0)
+    svc = ctx.stack.svc
+    outcome = await replay(
+        svc.db,
+        svc.app.transport,
+        failed["deadLetter"]["deadLetterId"],
+        actor=Actor("op-ann", "library"),
+        reason="ERP rule fixed",
+    )
+    done = await ctx.settled(created["requestId"], "COMPLETED")
+    assert outcome.outcome == "published"
+    assert done["eventId"] == created["eventId"]
+    assert done["operatorRetries"] == 0
+    assert (await ctx.stack.erp_stats())["orders_created"] == 1
