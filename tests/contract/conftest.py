@@ -10,10 +10,8 @@ import pytest
 from .support import (
     KINDS,
     Target,
-    broker_url,
     cleanup,
-    create_effects_table,
-    new_queue,
+    make_target,
     sweep_rabbitmq_session,
 )
 
@@ -22,18 +20,6 @@ from .support import (
 def _sweep_rabbitmq() -> Iterator[None]:
     yield
     sweep_rabbitmq_session()
-
-
-def make_target(kind: str, request: pytest.FixtureRequest) -> Target:
-    queue, token = new_queue()
-    if kind == "sqlite":
-        database = str(request.getfixturevalue("sqlite_database"))
-        transport = None
-    else:
-        database = str(request.getfixturevalue("pg_database"))
-        transport = None if kind == "postgresql" else broker_url(kind, token)
-    create_effects_table(database)
-    return Target(kind, database, transport, queue, token)
 
 
 @pytest.fixture(params=KINDS)

@@ -89,6 +89,19 @@ def create_effects_table(database_url: str) -> None:
         conn.execute(ddl)
 
 
+def make_target(kind: str, request: Any) -> Target:
+    """A fresh target of ``kind`` (``request`` is pytest's, for the database fixtures)."""
+    queue, token = new_queue()
+    if kind == "sqlite":
+        database = str(request.getfixturevalue("sqlite_database"))
+        transport = None
+    else:
+        database = str(request.getfixturevalue("pg_database"))
+        transport = None if kind == "postgresql" else broker_url(kind, token)
+    create_effects_table(database)
+    return Target(kind, database, transport, queue, token)
+
+
 # -- counting what is still queued, from the server -----------------------------------------
 
 

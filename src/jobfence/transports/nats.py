@@ -72,6 +72,8 @@ from ._broker import (
 log = logging.getLogger("jobfence.transport.nats")
 
 PUBLISH_BATCH = 500
+ADVISORY_ACK_WAIT = 300.0  # seconds
+API_TIMEOUT = 15.0  # seconds for a JetStream API answer (a busy server can be slow)
 ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 _SAFE = " !#$%&'()*+,-./:;<=>?@[]^_`{|}~"
 
@@ -147,6 +149,7 @@ class NatsTransport(Transport):
         self._subs: dict[str, JetStreamContext.PullSubscription] = {}
         self._advisory_subs: dict[str, JetStreamContext.PullSubscription] = {}
         self._exhausted: deque[Delivery] = deque()
+        self._exhausted_keys: set[tuple[str, int]] = set()
         self._reads = ShieldedFetch()
 
     @classmethod
@@ -190,7 +193,7 @@ class NatsTransport(Transport):
             )
         except (OSError, nats.errors.Error) as exc:
             raise ConfigurationError(f"cannot connect to NATS at {self.url}: {exc}") from None
-        self._js = self._nc.jetstream()
+        self._js = self._nc.jetstream(timeout=API_TIMEOUT)
         await self._ensure_stream(
             StreamConfig(
                 name=self.state_stream,
@@ -305,7 +308,9 @@ class NatsTransport(Transport):
                     ConsumerConfig(
                         durable_name=stream,
                         ack_policy=AckPolicy.EXPLICIT,
-                        ack_wait=self.lease.total_seconds(),
+                        # held in this worker until a harness takes it: a long wait, and
+                        # a redelivered advisory is recognised and not handed out twice
+                        ack_wait=max(self.lease.total_seconds(), ADVISORY_ACK_WAIT),
                         filter_subject=f"{ADVISORY}.{stream}.{self.consumer}",
                     ),
                 )
@@ -335,8 +340,10 @@ class NatsTransport(Transport):
     async def _load_state(self, stream: str, seq: int) -> _State | None:
         try:
             raw = await self.js.get_last_msg(self.state_stream, self._state_subject(stream, seq))
-        except nats.js.errors.NotFoundError:
-            return None
+        except nats.js.errors.APIError as exc:
+            if _missing(exc):
+                return None
+            raise
         return _State.decode(raw.data or b"{}")
 
     async def _save_state(self, stream: str, seq: int, state: _State) -> None:
@@ -404,7 +411,7 @@ class NatsTransport(Transport):
             sub = await self._sub(queue)
             try:
                 msgs = await sub.fetch(batch=limit - len(found), timeout=per_queue)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nothing there (nats-py raises the builtin one too)
                 continue
             for msg in msgs:
                 delivery = await self._to_delivery(queue, msg)
@@ -417,8 +424,12 @@ class NatsTransport(Transport):
     async def ack(self, delivery: Delivery) -> None:
         token: _Token = delivery.token
         if token.exhausted:
-            with contextlib.suppress(nats.js.errors.NotFoundError):
+            self._exhausted_keys.discard((token.stream, token.seq))
+            try:
                 await self.js.delete_msg(token.stream, token.seq)
+            except nats.js.errors.APIError as exc:
+                if not _missing(exc):
+                    raise
             await token.msg.ack()
         else:
             await token.msg.ack()
@@ -447,6 +458,7 @@ class NatsTransport(Transport):
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
         token: _Token = delivery.token
         if token.exhausted:
+            self._exhausted_keys.discard((token.stream, token.seq))
             await token.msg.nak()  # the advisory comes back; the count is unchanged
             return
         if not attempted:
@@ -473,11 +485,16 @@ class NatsTransport(Transport):
                 self._advisory_subs[queue] = sub
             try:
                 advisories = await sub.fetch(batch=50, timeout=0.1)
-            except nats.errors.TimeoutError:
+            except TimeoutError:
                 continue
             for advisory in advisories:
+                key = (stream, int(json.loads(advisory.data)["stream_seq"]))
+                if key in self._exhausted_keys:
+                    await advisory.in_progress()  # already waiting for a harness
+                    continue
                 delivery = await self._from_advisory(queue, stream, advisory)
                 if delivery is not None:
+                    self._exhausted_keys.add(key)
                     self._exhausted.append(delivery)
 
     async def _from_advisory(self, queue: str, stream: str, advisory: Msg) -> Delivery | None:
@@ -485,7 +502,9 @@ class NatsTransport(Transport):
         seq = int(info["stream_seq"])
         try:
             raw = await self.js.get_msg(stream, seq)
-        except nats.js.errors.NotFoundError:
+        except nats.js.errors.APIError as exc:
+            if not _missing(exc):
+                raise
             await advisory.ack()  # acked or handled meanwhile
             return None
         headers = {k: unquote(v) for k, v in (raw.headers or {}).items()}
@@ -518,3 +537,10 @@ class NatsTransport(Transport):
             "max_deliver": consumer.config.max_deliver,
             "durable": consumer.config.durable_name,
         }
+
+
+def _missing(exc: nats.js.errors.APIError) -> bool:
+    """The server says the message is not there (404, or "no message found")."""
+    if isinstance(exc, nats.js.errors.NotFoundError):
+        return True
+    return "no message found" in str(getattr(exc, "description", "") or "").lower()

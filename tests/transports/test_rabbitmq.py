@@ -1,0 +1,93 @@
+"""RabbitMQ adapter: delay buckets, and a delivery limit that ends in dead letters."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+from jobfence import Job, RetryPolicy, Tx
+from jobfence.jobs import Delivery
+from jobfence.transports.rabbitmq import RabbitMQTransport, delay_bucket
+
+from ..contract.support import Target, remaining, with_option
+from ..helpers import RunningWorker, eventually
+
+ONE_RETRY = RetryPolicy(
+    max_retries=1,
+    base=timedelta(seconds=0.05),
+    cap=timedelta(seconds=1),
+    justification="test: a job that lost its worker twice must go to dead letters",
+)
+
+
+def test_delay_buckets_stay_within_2_2_percent_and_keep_their_order() -> None:
+    """Every delay from 1 ms to 1 h maps to a TTL within ±2.2 % (plus rounding to whole ms), and a
+    longer delay never gets a shorter TTL; below 1 ms there is no delay queue."""
+    delays = [0.001 * 1.01**k for k in range(1500)]  # 1 ms … ~3 h
+    buckets = [delay_bucket(d) for d in delays]
+    for delay, ms in zip(delays, buckets, strict=True):
+        error = abs(ms - delay * 1000)
+        assert error <= 0.022 * delay * 1000 + 0.5, (delay, ms)
+    assert buckets == sorted(buckets)
+    assert delay_bucket(0.0004) == 0
+    assert delay_bucket(0) == 0
+    # 16 buckets per doubling: from 2^15 ms up to just below 2^16 ms, exactly these TTLs
+    within = {delay_bucket(32.768 * 2 ** (k / 160)) for k in range(155)}
+    assert within == {round(2 ** (step / 16)) for step in range(240, 256)}
+    assert math.isclose(delay_bucket(60), 60_000, rel_tol=0.022)
+
+
+async def test_a_message_past_the_delivery_limit_ends_in_dead_letters(rabbitmq: Target) -> None:
+    """delivery_limit=1: a message twice returned without an answer (its lease ran out) is
+    dead-lettered by RabbitMQ into jobfence.exhausted.Q — not dropped — and the worker ends
+    it in jobfence's dead letters with its true attempt count (3) and the lost attempts in
+    its history."""
+    url = with_option(rabbitmq.transport_url or "", "delivery_limit", 1)
+    app = rabbitmq.app(lease=0.3, transport_url=url)
+    called: list[int] = []
+
+    @app.consumer(rabbitmq.queue, retry=ONE_RETRY)
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        called.append(job.attempt)
+
+    async with app:
+        await app.enqueue(rabbitmq.queue, {"n": 1}, job_id="limit-1")
+        transport = app.transport
+        assert isinstance(transport, RabbitMQTransport)
+        for expected in (1, 2):
+            got: list[Delivery] = []
+
+            async def fetched(into: list[Delivery] = got) -> bool:
+                into += await transport.fetch([rabbitmq.queue], 1, 0.2)
+                return bool(into)
+
+            await eventually(fetched, what=f"delivery {expected}")
+            assert [(d.job_id, d.attempt) for d in got] == [("limit-1", expected)]
+
+            async def given_back() -> bool:
+                await transport.maintenance()  # its lease ran out: back to RabbitMQ
+                return not transport._held
+
+            await eventually(given_back, what="lease expired")
+        async with RunningWorker(app, poll_interval=0.2) as w:
+            letters = await eventually(app.store.list_dead_letters, what="dead letter")
+            await eventually(lambda: w.stats.handled == 1, what="handled")
+        letter = await app.store.get_dead_letter(letters[0].id)
+    assert called == []
+    assert letter is not None
+    assert (letter.job_id, letter.attempts, letter.error_code) == (
+        "limit-1",
+        3,
+        "ATTEMPTS_EXHAUSTED",
+    )
+    assert [(h.attempt, h.error.startswith("delivery lost")) for h in letter.history] == [
+        (1, True),
+        (2, True),
+        (3, False),
+    ]
+    await eventually(lambda: _empty(rabbitmq), what="exhausted queue acked")
+
+
+async def _empty(target: Target) -> bool:
+    return await remaining(target) == 0
