@@ -498,9 +498,11 @@ class Relay:
                     log.exception("relay round failed; retrying shortly")
                     await self._sleep(1.0)
                     continue
-                if claimed >= self.batch_size:
-                    continue  # more is probably waiting
-                await self._sleep(await self._idle_wait())
+                if claimed:
+                    # progress: more may be ready (a full batch, or the next event of a key
+                    # whose head just went out)
+                    continue
+                await self._sleep(await self.idle_wait())
         finally:
             if listener is not None:
                 listener.cancel()
@@ -518,7 +520,10 @@ class Relay:
         async for _ in self.db.wakeups(CHANNEL):
             self._wake.set()
 
-    async def _idle_wait(self) -> float:
+    async def idle_wait(self) -> float:
+        """Seconds an idle relay sleeps (unless NOTIFY wakes it): until a retry falls due or
+        another relay's claim runs out, at most the polling interval. Events waiting behind
+        their key's head add nothing, so a blocked key never makes a relay spin."""
         wait = self.poll_interval
         try:
             rows = await self.db.run("outbox_next_attempt")

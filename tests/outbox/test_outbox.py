@@ -657,3 +657,49 @@ def _spawn_cli(args: list[str]) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+async def test_idle_relay_sleeps_until_timed_work_and_never_spins_on_a_blocked_key(
+    database_url: str,
+) -> None:
+    """An event waiting behind its key's failed head gives the relay nothing to wake for (it
+    sleeps its whole polling interval); another relay's claim running out in 20 s, or a
+    retry falling due in 30 s, bound the sleep (the earlier of the two)."""
+    table_name = outbox_table(database_url)
+    now = (
+        "now()"
+        if database_url.startswith("postgresql")
+        else ("((julianday('now') - 2440587.5) * 86400.0)")
+    )
+    in_30s = f"{now} + interval '30 seconds'" if "now()" in now else f"{now} + 30"
+    app = App(database_url, auto_migrate=True)
+    async with app:
+        async with app.db.transaction() as tx:
+            await outbox.write(tx, "q", {}, event_id="head", key="k")
+            await outbox.write(tx, "q", {}, event_id="behind", key="k")
+        await query(
+            database_url,
+            f"UPDATE {table_name} SET state = 'PUBLISH_FAILED_RETRY', attempts = 5 "
+            "WHERE event_id = 'head'",
+        )
+        relay = outbox.Relay(app, poll_interval=60)
+        assert await relay.run_once() == 0
+        blocked = await relay.idle_wait()
+        async with app.db.transaction() as tx:
+            await outbox.write(tx, "q", {}, event_id="retry-soon")
+        await query(
+            database_url,
+            f"UPDATE {table_name} SET next_attempt_at = {in_30s}, attempts = 1 "
+            "WHERE event_id = 'retry-soon'",
+        )
+        retry_only = await relay.idle_wait()
+        async with app.db.transaction() as tx:
+            await outbox.write(tx, "q", {}, event_id="claimed-elsewhere")
+        held = await app.db.run(
+            "outbox_claim", {"limit": 10, "lease": 20.0, "relay_id": "another relay"}
+        )
+        both = await relay.idle_wait()
+    assert blocked == 60
+    assert 29 < retry_only <= 30
+    assert [row["event_id"] for row in held] == ["claimed-elsewhere"]
+    assert 19 < both <= 20

@@ -32,8 +32,13 @@ RETURNING o.id, o.event_id, o.queue, o.ordering_key, o.correlation_id, o.payload
           o.claim_token
 
 -- name: outbox_next_attempt
-SELECT extract(epoch FROM (min(next_attempt_at) - now()))::float8 AS wait
-FROM core.outbox WHERE state = 'PENDING'
+-- When the next event that is not claimable now becomes claimable by time: a retry falling
+-- due or another relay's claim running out. (Events waiting behind their key are released
+-- by the relay that publishes the key's head; new events wake relays by NOTIFY.)
+SELECT extract(epoch FROM (min(greatest(next_attempt_at, coalesce(claim_expires_at, now())))
+                           - now()))::float8 AS wait
+FROM core.outbox
+WHERE state = 'PENDING' AND (next_attempt_at > now() OR claim_expires_at > now())
 
 -- name: outbox_mark_published
 UPDATE core.outbox SET

@@ -27,7 +27,9 @@ WHERE id IN (
 RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, claim_token
 
 -- name: outbox_next_attempt
-SELECT min(next_attempt_at) - {NOW} AS wait FROM core_outbox WHERE state = 'PENDING'
+SELECT min(max(next_attempt_at, coalesce(claim_expires_at, {NOW}))) - {NOW} AS wait
+FROM core_outbox
+WHERE state = 'PENDING' AND (next_attempt_at > {NOW} OR claim_expires_at > {NOW})
 
 -- name: outbox_mark_published
 UPDATE core_outbox SET
