@@ -41,7 +41,7 @@ from measure import (
 from rich.console import Console
 from rich.table import Table
 
-console = Console(highlight=False)
+console = Console(highlight=False, width=max(Console().width, 190))
 
 # -- systems and their settings -----------------------------------------------------------------
 
@@ -60,13 +60,13 @@ class Variant:
         return self.label
 
 
-JF_CONCURRENCY = "16"
+JF_CONCURRENCY = "32"
 
 JOBFENCE = Variant("jobfence", "jobfence (fence)", ("--concurrency", JF_CONCURRENCY))
 JOBFENCE_NOFENCE = Variant(
     "jobfence", "jobfence (no fence)", ("--concurrency", JF_CONCURRENCY, "--no-fence")
 )
-PROCRASTINATE = Variant("procrastinate", "Procrastinate (c=16)", ("--concurrency", "16"))
+PROCRASTINATE = Variant("procrastinate", "Procrastinate (c=32)", ("--concurrency", "32"))
 PGQUEUER = [
     Variant("pgqueuer", f"PGQueuer (batch {b})", ("--batch-size", str(b), "--managers", "2"))
     for b in (10, 100, 200)
@@ -76,6 +76,17 @@ CELERY = [
     for p in (4, 32)
 ]
 PGBENCH = Variant("pgbench", "pgbench, same transaction (c=8)", ("8",))
+
+#: peers too slow to drain 50 000 jobs in a reasonable time here: they drain --slow-jobs
+SLOW = {"procrastinate", "celery"}
+
+
+def pick(results: Results, workload: str, group: list[Variant]) -> Variant:
+    """The variant of ``group`` with the best median so far."""
+    measured = [(results.get(workload, v.label), v) for v in group]
+    scored = [(r.median, v) for r, v in measured if r is not None and r.values]
+    return max(scored, key=lambda x: x[0])[1] if scored else group[0]
+
 
 REMAINING = {
     "jobfence": "SELECT count(*) FROM core.jobs",
@@ -108,6 +119,7 @@ class Row:
 class Results:
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str], Row] = {}
+        self.profile = ""
 
     def row(self, workload: str, label: str, unit: str, **kw: Any) -> Row:
         key = (workload, label)
@@ -158,7 +170,7 @@ def celery_remaining(queue: str, total: int) -> Callable[[], int]:
 
 def celery_cleanup(queue: str) -> None:
     r = redis.Redis.from_url(REDIS)
-    keys = [queue, "unacked", "unacked_index", "unacked_mutex", *r.keys("_kombu.binding.*")]
+    keys = [queue, "unacked", "unacked_index", "unacked_mutex", *r.keys("_kombu.binding*")]
     r.delete(*keys)
     r.close()
 
@@ -330,6 +342,7 @@ WORKLOADS = {
     "outbox": "outbox relay throughput",
     "http": "HTTP ingestion with idempotency keys (purchase-order POST)",
     "transports": "jobfence's durable workload on each transport",
+    "profile": "py-spy profile of jobfence's worker on the durable workload (printed after the table)",
 }
 
 
@@ -339,39 +352,40 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
     if unknown:
         raise SystemExit(f"unknown workload(s): {', '.join(sorted(unknown))}; see --list")
     scale = args.scale
-    n_tp = max(200, int(50_000 * scale))
+    n_tp = max(200, int(args.jobs * scale))
+    n_slow = max(200, int(args.slow_jobs * scale))
     peers_ok = not args.no_peers
 
     def step(text: str) -> None:
         console.print(f"[dim]{dt.datetime.now():%H:%M:%S}[/dim] {text}")
 
-    if "durable" in only:
-        variants = [PGBENCH, JOBFENCE, JOBFENCE_NOFENCE]
-        if peers_ok:
-            variants += [PROCRASTINATE, *PGQUEUER, *CELERY]
+    for workload in ("durable", "noop"):
+        if workload not in only:
+            continue
+        fixed = [PGBENCH, JOBFENCE, JOBFENCE_NOFENCE] if workload == "durable" else [JOBFENCE]
+        sweeps = [PGQUEUER, CELERY] if peers_ok else []
+        slow = [PROCRASTINATE] if peers_ok else []
         for i in range(args.repeat):
-            for v in variants:  # interleaved, so drift on the machine hits every system alike
-                d = throughput(v, "durable", n_tp)
-                results.add_drain("durable", v.label, d, baseline=PGBENCH.label)
-                step(f"durable {i + 1}/{args.repeat} {v.label}: {d.jobs_per_s:,.0f} jobs/s, "
-                     f"{d.cpu_per_1k:.2f} CPU s/1k, RSS {d.rss_max_mb:.0f} MB")
-    if "noop" in only:
-        variants = [JOBFENCE]
-        if peers_ok:
-            variants += [PROCRASTINATE, *PGQUEUER, *CELERY]
-        for i in range(args.repeat):
-            for v in variants:
-                d = throughput(v, "noop", n_tp)
-                results.add_drain("noop", v.label, d)
-                step(f"noop {i + 1}/{args.repeat} {v.label}: {d.jobs_per_s:,.0f} jobs/s")
+            # the peers' settings are swept in the first round; later rounds repeat the best
+            chosen = [v for group in sweeps for v in (group if i == 0 else [pick(results, workload, group)])]
+            for v in [*fixed, *slow, *chosen]:  # interleaved: drift hits every system alike
+                n = n_slow if v.system in SLOW else n_tp
+                d = throughput(v, workload, n)
+                results.add_drain(workload, v.label, d)
+                results.get(workload, v.label).note = f"{n:,} jobs"  # type: ignore[union-attr]
+                step(f"{workload} {i + 1}/{args.repeat} {v.label}: {d.jobs_per_s:,.0f} jobs/s, "
+                     f"{d.cpu_per_1k:.2f} CPU s/1k, RSS {d.rss_start_mb:.0f}→{d.rss_max_mb:.0f} MB")
     if "latency" in only:
         seconds = max(2.0, 10.0 * min(1.0, scale * 4))
-        variants = [JOBFENCE] + ([PROCRASTINATE, PGQUEUER[1], CELERY[0]] if peers_ok else [])
+        variants = [JOBFENCE]
+        if peers_ok:
+            variants += [PROCRASTINATE, pick(results, "durable", PGQUEUER), pick(results, "durable", CELERY)]
         for i in range(args.repeat):
             for v in variants:
                 lat = latency(v, 1000.0, seconds)
                 for key in ("p50", "p99"):
                     results.row(f"latency {key} @1000/s", v.label, "ms", higher_is_better=False).values.append(lat[key])
+                results.row("latency: rate reached", v.label, "jobs/s").values.append(lat["achieved_rate"])
                 wake = latency(v, 2.0, max(5.0, seconds))
                 for key in ("p50", "max"):
                     results.row(f"idle wake-up {key}", v.label, "ms", higher_is_better=False).values.append(wake[key])
@@ -420,6 +434,11 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
                 results.row("HTTP p99", label, "ms", higher_is_better=False).values.append(data["p99"])
             step(f"http {i + 1}/{args.repeat}: " + ", ".join(
                 f"{k}: {v['rps']:,.0f} req/s p99 {v['p99']:.1f} ms" for k, v in out.items()))
+    if "profile" in only:
+        from profile import profile_jobfence
+
+        results.profile = profile_jobfence(n_tp, seconds=max(5.0, 15.0 * min(1.0, scale * 4)))
+        step("profile written to bench/results/profile-*.txt")
     if "transports" in only:
         from transports_bench import transports
 
@@ -464,35 +483,43 @@ def baseline_for(results: Results, r: Row) -> Row | None:
     return None
 
 
+def ordered(results: Results) -> list[Row]:
+    """Rows grouped by workload, in the order workloads were first measured."""
+    order: dict[str, int] = {}
+    for w, _ in results.rows:
+        order.setdefault(w, len(order))
+    return sorted(results.rows.values(), key=lambda r: order[r.workload])
+
+
 def render(results: Results) -> tuple[Table, list[list[str]]]:
-    table = Table(title="jobfence benchmark (medians; spread = min–max of the runs)")
+    table = Table(title="jobfence benchmark: medians of the runs, spread = min–max (runs)")
     headers = [
-        "workload", "system / setting", "median", "unit", "spread", "runs",
-        "CPU s/1k (worker)", "CPU s/1k (server)", "RSS start→max MB", "baseline (same run)", "ratio",
+        "workload", "system / setting", "median", "spread (runs)",
+        "CPU s/1k jobs: worker", "server", "RSS MB start→max", "baseline (same run)", "ratio",
     ]  # fmt: skip
     for h in headers:
-        table.add_column(h, justify="left" if h in ("workload", "system / setting", "baseline (same run)", "unit") else "right")
+        left = h in ("workload", "system / setting", "baseline (same run)")
+        table.add_column(h, justify="left" if left else "right", overflow="fold")
     plain: list[list[str]] = []
     last = None
-    for r in results.rows.values():
+    for r in ordered(results):
         base = baseline_for(results, r)
         ratio = ""
         base_text = ""
         if base is not None and base is not r and base.median == base.median and base.median:
             ratio = f"{r.median / base.median:.2f}×"
-            base_text = f"{base.label}: {_fmt(base.median, base.unit)}"
+            base_text = f"{base.label}: {_fmt(base.median, base.unit)} {base.unit}"
         rss = ""
         if r.rss and max(m for _, m in r.rss) > 0:
             rss = f"{median([s for s, _ in r.rss]):.0f}→{max(m for _, m in r.rss):.0f}"
         cells = [
             r.workload if r.workload != last else "",
-            r.label,
-            _fmt(r.median, r.unit),
-            r.unit,
-            spread(r.values, 1 if r.unit == "ms" else 0),
-            str(len(r.values)),
+            r.label + (f" · {r.note}" if r.note else ""),
+            f"{_fmt(r.median, r.unit)} {r.unit}",
+            f"{spread(r.values, 1 if r.unit == 'ms' else 0)} ({len(r.values)})"
+            if len(r.values) > 1 else "(1)",
             f"{median(r.cpu):.2f}" if r.cpu else "",
-            f"{median(r.server_cpu):.2f}" if r.server_cpu else "",
+            f"{median(r.server_cpu):.2f}" if r.server_cpu and median(r.server_cpu) == median(r.server_cpu) else "",
             rss,
             base_text,
             ratio,
@@ -560,6 +587,9 @@ def machine() -> str:
 def main(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", help="comma-separated workloads (see --list)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (default 3)")
+    parser.add_argument("--jobs", type=int, default=50_000, help="jobs per throughput run")
+    parser.add_argument("--slow-jobs", type=int, default=10_000,
+                        help="jobs per run for the slow peers (Procrastinate, Celery)")
     parser.add_argument("--scale", type=float, default=1.0, help="size factor (0.05 for a smoke run)")
     parser.add_argument("--quick", action="store_true", help="smoke run: --scale 0.05 --repeat 1")
     parser.add_argument("--no-peers", action="store_true", help="jobfence and pgbench only")
@@ -589,6 +619,9 @@ def main(parser: argparse.ArgumentParser) -> None:
             for g in goals:
                 t.add_row(*g, style=None if g[2] == "met" else "red")
             console.print(t)
+        if results.profile:
+            console.print("[bold]where jobfence's worker spends its CPU (py-spy)[/bold]")
+            console.print(results.profile)
         console.print(f"load average at the end: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
         save(args, started, before, plain, goals, results)
 

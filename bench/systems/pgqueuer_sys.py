@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import asyncpg
-from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
+from pgqueuer import AsyncpgDriver, AsyncpgPoolDriver, Job, Queries, QueueManager
 
 EFFECTS_DDL = (
     "CREATE TABLE IF NOT EXISTS bench_effects (id bigserial PRIMARY KEY, job_id text NOT NULL,"
@@ -86,22 +86,26 @@ async def worker(url: str, batch_size: int, managers: int, pool_size: int) -> No
 
 
 async def produce(url: str, rate: float, seconds: float) -> None:
-    conn = await asyncpg.connect(url)
+    """Enqueue on a steady schedule (job i due at start + i / rate), eight concurrent
+    producers on a pool, one job per enqueue."""
+    pool = await asyncpg.create_pool(url, min_size=8, max_size=8)
     try:
-        q = Queries(AsyncpgDriver(conn))
+        q = Queries(AsyncpgPoolDriver(pool))
         total = int(rate * seconds)
+        todo = iter(range(total))
         start = time.perf_counter()
-        late = 0
-        for i in range(total):
-            ahead = start + i / rate - time.perf_counter()
-            if ahead > 0:
-                await asyncio.sleep(ahead)
-            elif ahead < -0.05:
-                late += 1
-            await q.enqueue("durable", json.dumps({"n": i, "t": time.time()}).encode())
-        say(sent=total, seconds=time.perf_counter() - start, late=late)
+
+        async def lane() -> None:
+            for i in todo:
+                ahead = start + i / rate - time.perf_counter()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+                await q.enqueue("durable", json.dumps({"n": i, "t": time.time()}).encode())
+
+        await asyncio.gather(*(lane() for _ in range(8)))
+        say(sent=total, seconds=time.perf_counter() - start)
     finally:
-        await conn.close()
+        await pool.close()
 
 
 def main() -> None:
