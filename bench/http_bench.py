@@ -20,7 +20,9 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk(url: str, seconds: float, script: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+def wrk(
+    url: str, seconds: float, script: str | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     if shutil.which("wrk") is None:
         raise BenchError("the HTTP workload needs wrk: apt-get install -y wrk")
     cmd = ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{seconds:.0f}s", "--latency", url]
@@ -55,13 +57,20 @@ def http_ingestion(seconds: float) -> dict[str, dict[str, Any]]:
             ready = server.wait_ready()
             base = f"http://127.0.0.1:{ready['port']}"
             floor = wrk(f"{base}/healthz", seconds)
-            post = wrk(f"{base}/requests", seconds, str(BENCH / "http_po.lua"),
-                       env={"BENCH_PO_TOKEN": ready["token"]})
+            post = wrk(
+                f"{base}/requests",
+                seconds,
+                str(BENCH / "http_po.lua"),
+                env={"BENCH_PO_TOKEN": ready["token"]},
+            )
         finally:
             server.stop()
         for name, r in (("healthz", floor), ("POST", post)):
             if r["non_2xx"] or r["socket_errors"]:
-                raise BenchError(f"HTTP {name}: {r['non_2xx']} error responses, socket errors {r['socket_errors']!r}")
+                raise BenchError(
+                    f"HTTP {name}: {r['non_2xx']} error responses, "
+                    f"socket errors {r['socket_errors']!r}"
+                )
         with psycopg.connect(url, autocommit=True) as conn:
             row = conn.execute("SELECT count(*) FROM purchase_orders.requests").fetchone()
         rows = int(row[0]) if row else 0

@@ -62,7 +62,9 @@ def command(system: str, *args: str) -> list[str]:
     return [python_for(system), str(SYSTEMS / f"{system}_sys.py"), *args]
 
 
-def run_json(cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+def run_json(
+    cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 900
+) -> dict[str, Any]:
     """Run a command to its end; return the last JSON line it printed (fail loudly)."""
     proc = subprocess.run(
         list(cmd),

@@ -9,7 +9,6 @@ import collections
 import re
 import subprocess
 import time
-from pathlib import Path
 
 from measure import BENCH, ROOT, BenchError, Worker, command, fresh_database, run_json
 
@@ -61,7 +60,9 @@ def profile_jobfence(jobs: int, seconds: float = 15.0) -> str:
     with fresh_database() as url:
         run_json(command("jobfence", "setup", url))
         run_json(command("jobfence", "enqueue", url, str(jobs)))
-        worker = Worker(command("jobfence", "worker", url, "--mode", "durable", "--concurrency", "32"))
+        worker = Worker(
+            command("jobfence", "worker", url, "--mode", "durable", "--concurrency", "32")
+        )
         try:
             worker.wait_ready()
             proc = subprocess.run(

@@ -44,9 +44,7 @@ def _ensure_peers() -> Path:
     if not python.exists():
         venv.EnvBuilder(with_pip=True).create(PEERS)
     (PEERS / ".gitignore").write_text("*\n")  # never tracked (as Python 3.13's venv does)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True
-    )
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True)
     stamp.write_text(digest)
     return python
 

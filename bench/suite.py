@@ -14,13 +14,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psutil
 import psycopg
 import redis
 from measure import (
+    ADMIN,
     BENCH,
     REDIS,
     ROOT,
@@ -72,7 +72,12 @@ PGQUEUER = [
     for b in (10, 100, 200)
 ]
 CELERY = [
-    Variant("celery", f"Celery/Redis (prefork 2, prefetch {p})", ("--concurrency", "2"), (("BENCH_PREFETCH", str(p)),))
+    Variant(
+        "celery",
+        f"Celery/Redis (prefork 2, prefetch {p})",
+        ("--concurrency", "2"),
+        (("BENCH_PREFETCH", str(p)),),
+    )
     for p in (4, 32)
 ]
 PGBENCH = Variant("pgbench", "pgbench, same transaction (c=8)", ("8",))
@@ -138,7 +143,9 @@ class Results:
         return self.rows.get((workload, label))
 
     def best(self, workload: str, prefix: str) -> Row | None:
-        rows = [r for (w, label), r in self.rows.items() if w == workload and label.startswith(prefix)]
+        rows = [
+            r for (w, label), r in self.rows.items() if w == workload and label.startswith(prefix)
+        ]
         return max(rows, key=lambda r: r.median) if rows else None
 
 
@@ -205,10 +212,8 @@ def throughput(v: Variant, mode: str, n: int, *, dup: float = 0.0) -> Drain:
             remaining = sql_progress(url, REMAINING[v.system], n)
         if remaining() != 0:
             raise BenchError(f"{v.label}: {n - remaining()} jobs missing after enqueue")
-        if mode == "durable" and not dup:
-            progress = effects_progress(url, n)
-        else:
-            progress = remaining
+        # durable runs count effects; no-op runs and duplicate storms count the queue down
+        progress = effects_progress(url, n) if mode == "durable" and not dup else remaining
         worker = Worker(command(v.system, "worker", url, "--mode", mode, *v.args), env=env)
         try:
             result = drain(worker, url, n, progress, timeout=max(120.0, n / 100))
@@ -302,7 +307,9 @@ def latency(v: Variant, rate: float, seconds: float) -> dict[str, float]:
             wait_for(lambda: _effects(url)[0] >= total, 60, f"{v.label}: {total} effects")
             count, distinct = _effects(url)
             if (count, distinct) != (total, total):
-                raise BenchError(f"{v.label}: {count} effects ({distinct} distinct), expected {total}")
+                raise BenchError(
+                    f"{v.label}: {count} effects ({distinct} distinct), expected {total}"
+                )
             with psycopg.connect(url, autocommit=True) as conn:
                 row = conn.execute(
                     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),"
@@ -342,7 +349,7 @@ WORKLOADS = {
     "outbox": "outbox relay throughput",
     "http": "HTTP ingestion with idempotency keys (purchase-order POST)",
     "transports": "jobfence's durable workload on each transport",
-    "profile": "py-spy profile of jobfence's worker on the durable workload (printed after the table)",
+    "profile": "py-spy profile of jobfence's worker on the durable workload (after the table)",
 }
 
 
@@ -367,62 +374,104 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
         slow = [PROCRASTINATE] if peers_ok else []
         for i in range(args.repeat):
             # the peers' settings are swept in the first round; later rounds repeat the best
-            chosen = [v for group in sweeps for v in (group if i == 0 else [pick(results, workload, group)])]
+            chosen = [
+                v
+                for group in sweeps
+                for v in (group if i == 0 else [pick(results, workload, group)])
+            ]
             for v in [*fixed, *slow, *chosen]:  # interleaved: drift hits every system alike
                 n = n_slow if v.system in SLOW else n_tp
                 d = throughput(v, workload, n)
                 results.add_drain(workload, v.label, d)
                 results.get(workload, v.label).note = f"{n:,} jobs"  # type: ignore[union-attr]
-                step(f"{workload} {i + 1}/{args.repeat} {v.label}: {d.jobs_per_s:,.0f} jobs/s, "
-                     f"{d.cpu_per_1k:.2f} CPU s/1k, RSS {d.rss_start_mb:.0f}→{d.rss_max_mb:.0f} MB")
+                step(
+                    f"{workload} {i + 1}/{args.repeat} {v.label}: {d.jobs_per_s:,.0f} jobs/s, "
+                    f"{d.cpu_per_1k:.2f} CPU s/1k, RSS {d.rss_start_mb:.0f}→{d.rss_max_mb:.0f} MB"
+                )
     if "latency" in only:
-        seconds = max(2.0, 10.0 * min(1.0, scale * 4))
-        variants = [JOBFENCE]
+        seconds = max(2.0, args.latency_seconds * min(1.0, scale * 4))
+        steady = [JOBFENCE]
+        wakers = [JOBFENCE]
         if peers_ok:
-            variants += [PROCRASTINATE, pick(results, "durable", PGQUEUER), pick(results, "durable", CELERY)]
+            best_pgq = pick(results, "durable", PGQUEUER)
+            steady.append(best_pgq)  # the only peer here that drains more than 1 000 jobs/s
+            wakers += [PROCRASTINATE, best_pgq, pick(results, "durable", CELERY)]
         for i in range(args.repeat):
-            for v in variants:
+            for v in steady:
                 lat = latency(v, 1000.0, seconds)
                 for key in ("p50", "p99"):
-                    results.row(f"latency {key} @1000/s", v.label, "ms", higher_is_better=False).values.append(lat[key])
-                results.row("latency: rate reached", v.label, "jobs/s").values.append(lat["achieved_rate"])
-                wake = latency(v, 2.0, max(5.0, seconds))
+                    results.row(
+                        f"latency {key} @1000/s", v.label, "ms", higher_is_better=False
+                    ).values.append(lat[key])
+                results.row("latency: rate reached", v.label, "jobs/s").values.append(
+                    lat["achieved_rate"]
+                )
+                step(
+                    f"latency {i + 1}/{args.repeat} {v.label}: p50 {lat['p50']:.1f} ms, "
+                    f"p99 {lat['p99']:.1f} ms at {lat['achieved_rate']:,.0f}/s"
+                )
+            for v in wakers:
+                wake = latency(v, 2.0, 5.0)
                 for key in ("p50", "max"):
-                    results.row(f"idle wake-up {key}", v.label, "ms", higher_is_better=False).values.append(wake[key])
-                step(f"latency {i + 1}/{args.repeat} {v.label}: p50 {lat['p50']:.1f} ms, "
-                     f"p99 {lat['p99']:.1f} ms at {lat['achieved_rate']:,.0f}/s; "
-                     f"wake-up p50 {wake['p50']:.1f} ms, max {wake['max']:.1f} ms")
+                    results.row(
+                        f"idle wake-up {key}", v.label, "ms", higher_is_better=False
+                    ).values.append(wake[key])
+                step(
+                    f"wake-up {i + 1}/{args.repeat} {v.label}: p50 {wake['p50']:.1f} ms, "
+                    f"max {wake['max']:.1f} ms"
+                )
     if "duplicates" in only:
         for i in range(args.repeat):
             d = throughput(JOBFENCE, "durable", n_tp, dup=0.5)
             results.add_drain("duplicate storm", "jobfence (fence), 50 % duplicates", d)
             base = throughput(JOBFENCE, "durable", n_tp)
             results.add_drain("duplicate storm", "jobfence (fence), no duplicates", base)
-            step(f"duplicates {i + 1}/{args.repeat}: {d.jobs_per_s:,.0f} deliveries/s "
-                 f"(no duplicates: {base.jobs_per_s:,.0f})")
+            step(
+                f"duplicates {i + 1}/{args.repeat}: {d.jobs_per_s:,.0f} deliveries/s "
+                f"(no duplicates: {base.jobs_per_s:,.0f})"
+            )
     if "bulk" in only:
         n = max(1000, int(100_000 * scale))
         for i in range(args.repeat):
             out = jobfence_paths("bulk", n)
-            results.row("bulk enqueue", f"jobfence enqueue_many, {n:,} jobs, one tx", "jobs/s").values.append(out["jobfence"])
-            results.row("bulk enqueue", f"COPY, {n:,} rows, one tx", "jobs/s").values.append(out["copy"])
-            step(f"bulk {i + 1}/{args.repeat}: {out['jobfence']:,.0f} jobs/s (COPY {out['copy']:,.0f})")
+            results.row(
+                "bulk enqueue", f"jobfence enqueue_many, {n:,} jobs, one tx", "jobs/s"
+            ).values.append(out["jobfence"])
+            results.row("bulk enqueue", f"COPY, {n:,} rows, one tx", "jobs/s").values.append(
+                out["copy"]
+            )
+            step(
+                f"bulk {i + 1}/{args.repeat}: {out['jobfence']:,.0f} jobs/s "
+                f"(COPY {out['copy']:,.0f})"
+            )
     if "deadletters" in only:
         n = max(500, int(10_000 * scale))
         for i in range(args.repeat):
             out = jobfence_paths("deadletters", n)
-            results.row("dead-letter replay", f"bulk replay of {n:,} letters", "letters/s").values.append(out["replay"])
-            results.row("dead-letter replay", f"enqueue_many of {n:,} jobs", "jobs/s").values.append(out["enqueue"])
-            step(f"deadletters {i + 1}/{args.repeat}: {out['replay']:,.0f} letters/s "
-                 f"(enqueue_many {out['enqueue']:,.0f})")
+            results.row(
+                "dead-letter replay", f"bulk replay of {n:,} letters", "letters/s"
+            ).values.append(out["replay"])
+            results.row(
+                "dead-letter replay", f"enqueue_many of {n:,} jobs", "jobs/s"
+            ).values.append(out["enqueue"])
+            step(
+                f"deadletters {i + 1}/{args.repeat}: {out['replay']:,.0f} letters/s "
+                f"(enqueue_many {out['enqueue']:,.0f})"
+            )
     if "outbox" in only:
         n = max(500, int(10_000 * scale))
         for i in range(args.repeat):
             out = jobfence_paths("outbox", n)
-            results.row("outbox relay", f"relay of {n:,} events", "events/s").values.append(out["relay"])
-            results.row("outbox relay", f"enqueue_many of {n:,} jobs", "jobs/s").values.append(out["enqueue"])
-            step(f"outbox {i + 1}/{args.repeat}: {out['relay']:,.0f} events/s "
-                 f"(enqueue_many {out['enqueue']:,.0f})")
+            results.row("outbox relay", f"relay of {n:,} events", "events/s").values.append(
+                out["relay"]
+            )
+            results.row("outbox relay", f"enqueue_many of {n:,} jobs", "jobs/s").values.append(
+                out["enqueue"]
+            )
+            step(
+                f"outbox {i + 1}/{args.repeat}: {out['relay']:,.0f} events/s "
+                f"(enqueue_many {out['enqueue']:,.0f})"
+            )
     if "http" in only:
         from http_bench import http_ingestion
 
@@ -431,9 +480,15 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
             out = http_ingestion(seconds)
             for label, data in out.items():
                 results.row("HTTP requests/s", label, "req/s").values.append(data["rps"])
-                results.row("HTTP p99", label, "ms", higher_is_better=False).values.append(data["p99"])
-            step(f"http {i + 1}/{args.repeat}: " + ", ".join(
-                f"{k}: {v['rps']:,.0f} req/s p99 {v['p99']:.1f} ms" for k, v in out.items()))
+                results.row("HTTP p99", label, "ms", higher_is_better=False).values.append(
+                    data["p99"]
+                )
+            step(
+                f"http {i + 1}/{args.repeat}: "
+                + ", ".join(
+                    f"{k}: {v['rps']:,.0f} req/s p99 {v['p99']:.1f} ms" for k, v in out.items()
+                )
+            )
     if "profile" in only:
         from profile import profile_jobfence
 
@@ -443,7 +498,7 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
         from transports_bench import transports
 
         for i in range(args.repeat):
-            for label, d in transports(max(200, int(10_000 * scale))):
+            for label, d in transports(max(200, int(args.transport_jobs * scale))):
                 results.add_drain("transports (durable)", label, d)
                 step(f"transports {i + 1}/{args.repeat} {label}: {d.jobs_per_s:,.0f} jobs/s")
 
@@ -517,9 +572,12 @@ def render(results: Results) -> tuple[Table, list[list[str]]]:
             r.label + (f" · {r.note}" if r.note else ""),
             f"{_fmt(r.median, r.unit)} {r.unit}",
             f"{spread(r.values, 1 if r.unit == 'ms' else 0)} ({len(r.values)})"
-            if len(r.values) > 1 else "(1)",
+            if len(r.values) > 1
+            else "(1)",
             f"{median(r.cpu):.2f}" if r.cpu else "",
-            f"{median(r.server_cpu):.2f}" if r.server_cpu and median(r.server_cpu) == median(r.server_cpu) else "",
+            f"{median(r.server_cpu):.2f}"
+            if r.server_cpu and median(r.server_cpu) == median(r.server_cpu)
+            else "",
             rss,
             base_text,
             ratio,
@@ -543,23 +601,36 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
         if pro:
             x = jf.median / pro.median
             out.append(("durable: fence ≥ 5× Procrastinate", f"{x:.2f}×", verdict(x >= 5)))
-        peers = [r for (w, label), r in results.rows.items() if w == "durable"
-                 and not label.startswith(("jobfence", "pgbench"))]
+        peers = [
+            r
+            for (w, label), r in results.rows.items()
+            if w == "durable" and not label.startswith(("jobfence", "pgbench"))
+        ]
         if peers:
             best = max(peers, key=lambda r: r.median)
             x = jf.median / best.median
-            out.append((f"durable: fence ≥ 1.5× the best peer ({best.label})", f"{x:.2f}×", verdict(x >= 1.5)))
+            out.append(
+                (
+                    f"durable: fence ≥ 1.5× the best peer ({best.label})",
+                    f"{x:.2f}×",
+                    verdict(x >= 1.5),
+                )
+            )
         nf = results.get("durable", JOBFENCE_NOFENCE.label)
         if nf:
             cost = 1 - jf.median / nf.median
-            out.append(("the fence costs ≤ 10 % (vs no fence)", f"{cost:+.1%}", verdict(cost <= 0.10)))
+            out.append(
+                ("the fence costs ≤ 10 % (vs no fence)", f"{cost:+.1%}", verdict(cost <= 0.10))
+            )
         pg = results.get("durable", PGBENCH.label)
         if pg:
             x = jf.median / pg.median
             out.append(("≥ 50 % of pgbench, same transaction", f"{x:.0%}", verdict(x >= 0.5)))
         if jf.rss:
             top = max(m for _, m in jf.rss)
-            out.append(("worker RSS < 150 MB over the run", f"max {top:.0f} MB", verdict(top < 150)))
+            out.append(
+                ("worker RSS < 150 MB over the run", f"max {top:.0f} MB", verdict(top < 150))
+            )
     noop = results.get("noop", JOBFENCE.label)
     best_pgq = results.best("noop", "PGQueuer")
     if noop and best_pgq:
@@ -567,10 +638,18 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
         out.append((f"no-op: ≥ PGQueuer's best ({best_pgq.label})", f"{x:.2f}×", verdict(x >= 1)))
     wake = results.get("idle wake-up p50", JOBFENCE.label)
     if wake:
-        out.append(("idle wake-up < 50 ms (p50)", f"{wake.median:.1f} ms", verdict(wake.median < 50)))
+        out.append(
+            ("idle wake-up < 50 ms (p50)", f"{wake.median:.1f} ms", verdict(wake.median < 50))
+        )
     p99 = results.get("latency p99 @1000/s", JOBFENCE.label)
     if p99:
-        out.append(("p99 enqueue → effect < 100 ms at 1 000/s", f"{p99.median:.1f} ms", verdict(p99.median < 100)))
+        out.append(
+            (
+                "p99 enqueue → effect < 100 ms at 1 000/s",
+                f"{p99.median:.1f} ms",
+                verdict(p99.median < 100),
+            )
+        )
     return out
 
 
@@ -579,7 +658,7 @@ def machine() -> str:
     return (
         f"{platform.node()} · {psutil.cpu_count()} CPUs · "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB · Python {platform.python_version()} · "
-        f"PostgreSQL {scalar(os.environ.get('JOBFENCE_BENCH_PG', 'postgresql://postgres@127.0.0.1:5432/postgres'), 'SHOW server_version')} · "
+        f"PostgreSQL {scalar(ADMIN, 'SHOW server_version')} · "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
 
@@ -588,9 +667,27 @@ def main(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", help="comma-separated workloads (see --list)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (default 3)")
     parser.add_argument("--jobs", type=int, default=50_000, help="jobs per throughput run")
-    parser.add_argument("--slow-jobs", type=int, default=10_000,
-                        help="jobs per run for the slow peers (Procrastinate, Celery)")
-    parser.add_argument("--scale", type=float, default=1.0, help="size factor (0.05 for a smoke run)")
+    parser.add_argument(
+        "--slow-jobs",
+        type=int,
+        default=10_000,
+        help="jobs per run for the slow peers (Procrastinate, Celery)",
+    )
+    parser.add_argument(
+        "--latency-seconds",
+        type=float,
+        default=10.0,
+        help="seconds of steady 1 000 jobs/s in the latency workload",
+    )
+    parser.add_argument(
+        "--transport-jobs",
+        type=int,
+        default=10_000,
+        help="jobs per transport run (bench/transports.py)",
+    )
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="size factor (0.05 for a smoke run)"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: --scale 0.05 --repeat 1")
     parser.add_argument("--no-peers", action="store_true", help="jobfence and pgbench only")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
@@ -626,8 +723,14 @@ def main(parser: argparse.ArgumentParser) -> None:
         save(args, started, before, plain, goals, results)
 
 
-def save(args: argparse.Namespace, started: dt.datetime, before: str, plain: list[list[str]],
-         goals: list[tuple[str, str, str]], results: Results) -> None:
+def save(
+    args: argparse.Namespace,
+    started: dt.datetime,
+    before: str,
+    plain: list[list[str]],
+    goals: list[tuple[str, str, str]],
+    results: Results,
+) -> None:
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")

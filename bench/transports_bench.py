@@ -3,7 +3,7 @@ worker in-process, timed from its start to the last commit; CPU of that process)
 
 from __future__ import annotations
 
-from measure import Drain, python_for, run_json, BENCH
+from measure import BENCH, Drain, python_for, run_json
 
 KINDS = ["postgresql", "sqlite", "rabbitmq", "nats", "redis"]
 
@@ -17,8 +17,15 @@ def transports(jobs: int, concurrency: int = 32) -> list[tuple[str, Drain]]:
     return [
         (
             f"{r['transport']} transport · {jobs:,} jobs",
-            Drain(r["process"], r["cpu"], float("nan"), 0.0, 0.0, jobs / r["process"],
-                  extra={"publish": r["publish"]}),
+            Drain(
+                r["process"],
+                r["cpu"],
+                float("nan"),
+                0.0,
+                0.0,
+                jobs / r["process"],
+                extra={"publish": r["publish"]},
+            ),
         )
         for r in out["results"]
     ]

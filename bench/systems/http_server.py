@@ -39,7 +39,7 @@ async def main(url: str) -> None:
         )
     )
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
+    while not server.started:  # noqa: ASYNC110 (uvicorn has no event for this)
         await asyncio.sleep(0.05)
     print(json.dumps({"ready": True, "port": sock.getsockname()[1], "token": token}), flush=True)
     await task

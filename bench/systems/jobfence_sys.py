@@ -64,9 +64,8 @@ def job_ids(n: int, dup: float) -> list[str]:
 
 async def setup(url: str) -> None:
     app = make_app(url)
-    async with app:
-        async with app.db.transaction() as tx:
-            await tx.execute(EFFECTS_DDL)
+    async with app, app.db.transaction() as tx:
+        await tx.execute(EFFECTS_DDL)
     say(ok=True)
 
 
@@ -76,7 +75,9 @@ async def enqueue(url: str, n: int, dup: float, transport: str | None) -> None:
         t0 = time.perf_counter()
         ids = job_ids(n, dup)
         for start in range(0, n, 5000):
-            batch = [app.job(QUEUE, {"n": i}, job_id=ids[i]) for i in range(start, min(n, start + 5000))]
+            batch = [
+                app.job(QUEUE, {"n": i}, job_id=ids[i]) for i in range(start, min(n, start + 5000))
+            ]
             await app.enqueue_many(batch)
         say(seconds=time.perf_counter() - t0)
 
@@ -132,7 +133,8 @@ async def bulk(url: str, n: int) -> None:
         jobfence_s = time.perf_counter() - t0
         cur = await conn.execute("SELECT count(*) FROM core.jobs")
         row = await cur.fetchone()
-        assert row is not None and row[0] == n, row
+        assert row is not None
+        assert row[0] == n, row
         await conn.execute("TRUNCATE core.jobs")
         await conn.commit()
         t0 = time.perf_counter()
@@ -144,7 +146,8 @@ async def bulk(url: str, n: int) -> None:
         copy_s = time.perf_counter() - t0
         cur = await conn.execute("SELECT count(*) FROM core.jobs")
         row = await cur.fetchone()
-        assert row is not None and row[0] == n, row
+        assert row is not None
+        assert row[0] == n, row
     say(jobfence=n / jobfence_s, copy=n / copy_s)
 
 
@@ -215,8 +218,8 @@ async def outbox_relay(url: str, n: int, batch: int) -> None:
         relay = outbox.Relay(app, batch_size=batch)
         t0 = time.perf_counter()
         relay.start()
-        while (await outbox.counts(app.db))[outbox.PUBLISHED] < n:
-            await asyncio.sleep(0.01)
+        while (await outbox.counts(app.db))[outbox.PUBLISHED] < n:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # the database says when they are all published
         relay_s = time.perf_counter() - t0
         await relay.stop()
         assert await _count(app, "SELECT count(*) FROM core.jobs") == n
@@ -225,7 +228,10 @@ async def outbox_relay(url: str, n: int, batch: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["setup", "enqueue", "worker", "produce", "bulk", "deadletters", "outbox"])
+    parser.add_argument(
+        "command",
+        choices=["setup", "enqueue", "worker", "produce", "bulk", "deadletters", "outbox"],
+    )
     parser.add_argument("url")
     parser.add_argument("n", type=int, nargs="?", default=0)
     parser.add_argument("--dup", type=float, default=0.0)

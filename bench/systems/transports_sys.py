@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import transports  # noqa: E402  (bench/transports.py)
+import transports
 
 
 async def main(jobs: int, concurrency: int, kinds: list[str]) -> None:
