@@ -12,6 +12,7 @@ import pytest
 
 from jobfence import App, Job, ReviewConflict, Tx
 from jobfence import deadletters as dl
+from jobfence.cleanup import Maintenance
 from jobfence.transports.database import DatabaseQueue
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table
@@ -32,6 +33,7 @@ async def drained(url: str) -> bool:
     return await jobs_in_queue(url) == 0
 
 
+@pytest.mark.slow
 async def test_bulk_replay_of_10000_letters_some_applied_meanwhile_gives_one_effect_each(
     ledger: str,
 ) -> None:
@@ -42,7 +44,7 @@ async def test_bulk_replay_of_10000_letters_some_applied_meanwhile_gives_one_eff
     url, n = ledger, 10_000
     d = dialect(url)
     await seed_many(url, [letter_params(d, f"c-{i:05d}", queue="credits") for i in range(n)])
-    app = App(url, auto_migrate=True)
+    app = App(url, auto_migrate=True, maintenance=Maintenance(alerts=False, cleanup=False))
 
     @app.consumer("credits")
     async def handle(job: Job[Any], tx: Tx) -> None:

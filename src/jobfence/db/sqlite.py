@@ -70,6 +70,15 @@ def _split(script: str) -> list[str]:
     return statements
 
 
+async def _settle(conn: aiosqlite.Connection) -> None:
+    """Leave ``conn`` outside any transaction after a failure or a cancellation — even one
+    that hit while BEGIN was still waiting for the write lock on the connection's thread
+    (it runs to completion there): a statement queued behind it waits for it first."""
+    await conn.execute("SELECT 1")
+    if conn.in_transaction:
+        await conn.execute("ROLLBACK")
+
+
 async def _named(
     conn: aiosqlite.Connection, query: LiteralString, params: Mapping[str, Any] | None
 ) -> list[Row]:
@@ -141,13 +150,12 @@ class SQLiteDatabase(Database):
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         async with self.lock, self._connection() as conn:
-            await conn.execute("BEGIN IMMEDIATE")
             try:
+                await conn.execute("BEGIN IMMEDIATE")
                 yield SqliteTx(conn, self.sql)
                 await conn.execute("COMMIT")
             except BaseException:
-                if conn.in_transaction:
-                    await asyncio.shield(conn.execute("ROLLBACK"))
+                await asyncio.shield(_settle(conn))
                 raise
 
     @asynccontextmanager
