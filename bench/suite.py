@@ -349,6 +349,7 @@ WORKLOADS = {
     "outbox": "outbox relay throughput",
     "http": "HTTP ingestion with idempotency keys (purchase-order POST)",
     "transports": "jobfence's durable workload on each transport",
+    "memory": "jobfence worker RSS over one 50 000-job durable run (--memory-jobs)",
     "profile": "py-spy profile of jobfence's worker on the durable workload (after the table)",
 }
 
@@ -489,6 +490,15 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
                     f"{k}: {v['rps']:,.0f} req/s p99 {v['p99']:.1f} ms" for k, v in out.items()
                 )
             )
+    if "memory" in only:
+        n = max(200, int(args.memory_jobs * scale))
+        d = throughput(JOBFENCE, "durable", n)
+        results.add_drain("worker memory", JOBFENCE.label, d)
+        results.get("worker memory", JOBFENCE.label).note = f"{n:,} jobs, one run"  # type: ignore[union-attr]
+        step(
+            f"memory: {n:,} jobs, RSS {d.rss_start_mb:.0f}→{d.rss_max_mb:.0f} MB, "
+            f"{d.jobs_per_s:,.0f} jobs/s"
+        )
     if "profile" in only:
         from profile import profile_jobfence
 
@@ -626,8 +636,9 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
         if pg:
             x = jf.median / pg.median
             out.append(("≥ 50 % of pgbench, same transaction", f"{x:.0%}", verdict(x >= 0.5)))
-        if jf.rss:
-            top = max(m for _, m in jf.rss)
+        mem = results.get("worker memory", JOBFENCE.label) or jf
+        if mem.rss:
+            top = max(m for _, m in mem.rss)
             out.append(
                 ("worker RSS < 150 MB over the run", f"max {top:.0f} MB", verdict(top < 150))
             )
@@ -653,9 +664,21 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
     return out
 
 
+def revision() -> str:
+    """The commit measured, and whether src/ differed from it (others work in this tree)."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    return f"jobfence {head or '?'}{' + uncommitted changes in src/' if dirty else ''}"
+
+
 def machine() -> str:
     load = os.getloadavg()
     return (
+        f"{revision()} · "
         f"{platform.node()} · {psutil.cpu_count()} CPUs · "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB · Python {platform.python_version()} · "
         f"PostgreSQL {scalar(ADMIN, 'SHOW server_version')} · "
