@@ -175,7 +175,7 @@ async def bench_http(url: str, n: int, with_keys: bool, script: Path) -> float:
         port = int(proc.stdout.readline())
         base = f"http://127.0.0.1:{port}"
         clients = [
-            httpx.AsyncClient(base_url=base, limits=httpx.Limits(max_connections=4))
+            httpx.AsyncClient(base_url=base, limits=httpx.Limits(max_connections=4), timeout=120)
             for _ in range(8)
         ]
         gate = asyncio.Semaphore(32)
@@ -197,7 +197,11 @@ async def bench_http(url: str, n: int, with_keys: bool, script: Path) -> float:
             await client.aclose()
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     assert statuses == [201] * n, "every POST answered 201"
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*), count(DISTINCT body) FROM orders").fetchone()
