@@ -455,6 +455,11 @@ class AlertDispatcher:
                 assert at is not None
                 # same window: before its end, and its summary not yet on its way to a sink
                 if group is None or at >= group.window_end or group.sent:
+                    if group is not None and group.dirty and group.summary_id is not None:
+                        # the closing window's summary keeps the count it reached
+                        await tx.q(
+                            "alert_set_count", {"id": group.summary_id, "count": group.count}
+                        )
                     end = at + self.window
                     await self._create(tx, "first", key, title, details, 1, at, end, at)
                     result.alerts += 1

@@ -125,6 +125,40 @@ async def test_1000_identical_dead_letters_make_one_alert_at_once_and_one_summar
     ]
 
 
+async def test_failures_spanning_two_windows_in_one_round_are_counted_in_each_window(
+    database_url: str, sink: SinkStandIn
+) -> None:
+    """Ten identical failures, five of them six minutes after the others, grouped in one
+    round: each window has its first alert and a summary of the other four."""
+    url, d = database_url, dialect(database_url)
+    ids = await seed_letters(url, [letter_params(d, f"po-{i}") for i in range(10)])
+    events, p = table(url, "alert_events"), "%s" if url.startswith("postgresql") else "?"
+    later = datetime.now(UTC) + timedelta(minutes=6)
+    await query(
+        url,
+        f"UPDATE {events} SET created_at = {p} WHERE dead_letter_id >= {p}",
+        (later if url.startswith("postgresql") else later.timestamp(), ids[5]),
+    )
+    async with opened(url) as db:
+        dispatcher = AlertDispatcher(db, [betterstack(sink)])
+        try:
+            grouped = await dispatcher.tick()
+            await dispatcher.tick(now=later + timedelta(minutes=6))
+            # a summary waits for its first alert to reach the sink: one more round
+            await dispatcher.tick(now=later + timedelta(minutes=6))
+        finally:
+            await dispatcher.close()
+    assert (grouped.events, grouped.alerts) == (10, 4)
+    assert [(kind, count) for kind, count, *_ in await deliveries(url)] == [
+        ("first", 1),
+        ("summary", 4),
+        ("first", 1),
+        ("summary", 4),
+    ]
+    names = [r["json"]["name"][:6] for r in sink.requests]
+    assert names == ["jobfen", "4 more", "jobfen", "4 more"]
+
+
 async def test_the_betterstack_request_is_the_uptime_incident_api(
     database_url: str, sink: SinkStandIn
 ) -> None:
