@@ -246,7 +246,7 @@ def start_worker(env: dict[str, str], log_path: Path, *args: str) -> subprocess.
         log.close()
 
 
-async def wait_started(log_path: Path, timeout: float = 60.0) -> None:
+async def wait_started(log_path: Path, timeout: float = 180.0) -> None:
     """Until the worker logged that it runs (connected to its queue and database)."""
     from tests.helpers import eventually
 

@@ -81,12 +81,12 @@ async def test_published_jobs_are_consumed_once_and_acked(target: Target) -> Non
     async with app:
         await app.enqueue_many(jobs)
         async with RunningWorker(app, concurrency=5) as w:
-            await eventually(lambda: w.stats.handled == 20, what="20 jobs handled")
+            await eventually(lambda: w.stats.handled == 20, timeout=60, what="20 jobs handled")
     assert sorted(seen) == [(f"job-{i:02d}", 1, i, f"corr-{i}") for i in range(20)]
     assert w.stats.outcomes[Outcome.PROCESSED] == 20
     assert await effects(target.database_url) == [(f"job-{i:02d}", 1) for i in range(20)]
     assert await fences(target) == 20
-    await eventually(lambda: drained(target), what="every message acked")
+    await eventually(lambda: drained(target), timeout=60, what="every message acked")
 
 
 async def test_a_worker_killed_with_sigkill_loses_no_job(target: Target, tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ async def test_a_worker_killed_with_sigkill_loses_no_job(target: Target, tmp_pat
     first = start_worker(env, tmp_path / "w1.log")
     try:
         await eventually(
-            lambda: (tmp_path / "kill-1.started.1").exists(), timeout=60, what="handler running"
+            lambda: (tmp_path / "kill-1.started.1").exists(), timeout=180, what="handler running"
         )
     finally:
         kill_worker(first)
@@ -109,7 +109,7 @@ async def test_a_worker_killed_with_sigkill_loses_no_job(target: Target, tmp_pat
     second = start_worker(env, tmp_path / "w2.log")
     try:
         await eventually(
-            lambda: effects(target.database_url), timeout=60, what="redelivered job processed"
+            lambda: effects(target.database_url), timeout=120, what="redelivered job processed"
         )
         await eventually(lambda: drained(target), what="redelivery acked")
     finally:
@@ -122,7 +122,7 @@ async def test_a_worker_killed_with_sigkill_loses_no_job(target: Target, tmp_pat
 
 async def test_a_delayed_retry_runs_after_its_delay(target: Target) -> None:
     """Retry(delay=1 s): the second attempt starts no earlier than the delay (RabbitMQ's
-    delay buckets round by at most 2.2 %) and within 3 s of it on a loaded machine; its
+    delay buckets round by at most 2.2 %) and within 4 s of it on a loaded machine; its
     history holds the first attempt with the scheduled delay."""
     app = target.app()
     started: dict[int, float] = {}
@@ -141,7 +141,7 @@ async def test_a_delayed_retry_runs_after_its_delay(target: Target) -> None:
         async with RunningWorker(app, concurrency=2, poll_interval=0.5) as w:
             await eventually(lambda: w.stats.handled == 2, timeout=30, what="two attempts")
     gap = started[2] - started[1]
-    assert 0.97 <= gap <= 4.0, gap
+    assert 0.97 <= gap <= 5.0, gap
     assert histories[0] == ()
     (record,) = histories[1]
     assert (record.attempt, record.category) == (1, "TEMPORARY_ERROR")
@@ -240,40 +240,19 @@ async def test_64_duplicate_deliveries_make_one_effect(target: Target) -> None:
     await eventually(lambda: drained(target), what="all 64 acked")
 
 
-async def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(
+async def test_sigterm_finishes_the_running_job_and_takes_nothing_new(
     target: Target, tmp_path: Path
 ) -> None:
-    """Graceful shutdown (H4): SIGTERM during a 1.5 s handler; it commits, the message is
-    acked, the worker exits 0."""
-    app = target.app()
-    async with app:
-        await app.enqueue(target.queue, {"mode": "sleep", "seconds": 1.5}, job_id="slow-1")
-    proc = start_worker(target.env(tmp_path, lease=5.0), tmp_path / "w.log")
-    try:
-        await eventually(
-            lambda: (tmp_path / "slow-1.started.1").exists(), timeout=60, what="handler running"
-        )
-        proc.terminate()
-        code = await asyncio.to_thread(proc.wait, 60)
-    finally:
-        kill_worker(proc)
-    assert code == 0
-    assert await effects(target.database_url) == [("slow-1", 1)]
-    await eventually(lambda: drained(target), what="acked before exit")
-
-
-async def test_a_job_enqueued_after_sigterm_stays_queued_for_the_next_worker(
-    target: Target, tmp_path: Path
-) -> None:
-    """After SIGTERM a worker takes nothing new: a job enqueued then is there, untouched,
-    for the next worker, which runs it as attempt 1."""
+    """Graceful shutdown (H4): SIGTERM during a 2 s handler; it commits and is acked, the
+    worker exits 0; a job enqueued after the SIGTERM stays queued, untouched, and the next
+    worker runs it as attempt 1 (a fetched-but-unstarted message is handed back refunded)."""
     app = target.app()
     async with app:
         await app.enqueue(target.queue, {"mode": "sleep", "seconds": 2}, job_id="slow-2")
         proc = start_worker(target.env(tmp_path, lease=5.0), tmp_path / "w1.log")
         try:
             await eventually(
-                lambda: (tmp_path / "slow-2.started.1").exists(), timeout=60, what="running"
+                lambda: (tmp_path / "slow-2.started.1").exists(), timeout=180, what="running"
             )
             proc.terminate()
             await app.enqueue(target.queue, {"n": 2}, job_id="after-stop")
@@ -284,7 +263,7 @@ async def test_a_job_enqueued_after_sigterm_stays_queued_for_the_next_worker(
         assert await remaining(target) == 1
         proc = start_worker(target.env(tmp_path, lease=5.0), tmp_path / "w2.log")
         try:
-            await eventually(lambda: drained(target), timeout=60, what="second worker done")
+            await eventually(lambda: drained(target), timeout=180, what="second worker done")
         finally:
             assert stop_worker(proc) == 0
     assert await effects(target.database_url) == [("after-stop", 1), ("slow-2", 1)]

@@ -2,10 +2,9 @@
 lost, and every job ends as exactly one effect or one dead letter.
 
 Each server is a private instance on its own port and data directory (the shared servers
-are never touched). Redis, RabbitMQ and PostgreSQL are crashed (SIGKILL, immediate
-shutdown): they promise durability when they acknowledge. NATS 2.9 acknowledges a publish
-before its file store has flushed it (see docs/transports.md), so it is stopped with
-SIGTERM, the way an operator restarts it.
+are never touched), and it is crashed, not stopped: SIGKILL for Redis, RabbitMQ and NATS,
+an immediate shutdown for PostgreSQL. (A process crash is what this test can do; what an OS
+crash or power loss can take from each broker is in docs/transports.md.)
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,14 +64,6 @@ def restartable(request: pytest.FixtureRequest) -> Iterator[tuple[Target, Server
         server.close()
 
 
-def stop_server(server: Server) -> None:
-    if isinstance(server, NatsServer) and server.proc is not None:
-        server.proc.send_signal(signal.SIGTERM)
-        server.proc.wait(timeout=60)
-        server.proc = None
-    server.kill()
-
-
 async def publish(app: App, queue: str, job_id: str, timeout: float) -> bool:
     """True when the queue acknowledged the job within ``timeout``."""
     try:
@@ -113,7 +103,7 @@ async def test_restarting_the_server_mid_run_loses_no_acknowledged_job(
         await eventually(
             lambda: _count_done(target.database_url, 1), timeout=60, what="work under way"
         )
-        stop_server(server)
+        server.kill()
         for i in range(5):
             if await publish(app, target.queue, f"b-{i:03d}", timeout=1):
                 acknowledged.append(f"b-{i:03d}")
@@ -122,7 +112,7 @@ async def test_restarting_the_server_mid_run_loses_no_acknowledged_job(
             job_id = f"c-{i:03d}"
             await eventually(
                 lambda job_id=job_id: publish(app, target.queue, job_id, timeout=5),  # type: ignore[misc]
-                timeout=90,
+                timeout=180,
                 interval=0.2,
                 what=f"publish {job_id} after the restart",
             )
@@ -132,7 +122,7 @@ async def test_restarting_the_server_mid_run_loses_no_acknowledged_job(
             done, dead = await outcomes(target.database_url)
             return all(done[j] + dead[j] >= 1 for j in acknowledged)
 
-        await eventually(all_settled, timeout=120, interval=0.2, what="every job settled")
+        await eventually(all_settled, timeout=240, interval=0.2, what="every job settled")
     finally:
         with contextlib.suppress(Exception):
             await app.close()

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.contract.support import KINDS, Target, cleanup, make_target, sweep_rabbitmq_session
+from tests.contract.support import BROKERS, Target, cleanup, make_target, sweep_rabbitmq_session
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,6 +37,6 @@ def redis(request: pytest.FixtureRequest) -> Iterator[Target]:
     yield from _target("redis", request)
 
 
-@pytest.fixture(params=KINDS)
-def any_target(request: pytest.FixtureRequest) -> Iterator[Target]:
+@pytest.fixture(params=BROKERS)
+def broker(request: pytest.FixtureRequest) -> Iterator[Target]:
     yield from _target(str(request.param), request)
