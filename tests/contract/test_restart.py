@@ -91,7 +91,7 @@ async def test_restarting_the_server_mid_run_loses_no_acknowledged_job(
     published. Every acknowledged job ends as exactly one effect or one dead letter."""
     target, server = restartable
     env = target.env(tmp_path, lease=2.0)
-    workers = [start_worker(env, tmp_path / f"w{i}.log") for i in range(2)]
+    workers = [start_worker(env, tmp_path / f"w{i}.log", "--concurrency", "5") for i in range(2)]
     acknowledged: list[str] = []
     app = target.app(lease=2.0)
     try:

@@ -20,7 +20,8 @@ async def test_four_worker_processes_share_one_queue(broker: Target, tmp_path: P
     target = broker
     env = target.env(tmp_path, lease=5.0)
     logs = [tmp_path / f"w{i}.log" for i in range(4)]
-    workers = [start_worker(env, log) for log in logs]
+    # 4 × (4 + 4) connections at most: the suite shares PostgreSQL's max_connections
+    workers = [start_worker(env, log, "--concurrency", "4") for log in logs]
     try:
         for log in logs:
             await wait_started(log)
