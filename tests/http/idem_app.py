@@ -54,7 +54,7 @@ def make_app(
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         db = connect(url)
-        await db.open(max_size=20)
+        await db.open(max_size=8)
         async with db.transaction() as tx:
             await tx.execute(ORDERS_DDL[url.dialect])
         state["db"] = db

@@ -63,7 +63,7 @@ class Scenario:
     functional_share: float = 0.02
     business_share: float = 0.0
     client_concurrency: int = 32
-    worker_concurrency: int = 16
+    worker_concurrency: int = 12
     erp_latency_ms: float = 2.0
     erp_client_timeout: float = 0.5
     token_ttl: float = 2.0
@@ -214,7 +214,7 @@ class LocalStack:
                 ),
                 retry=self.scenario.policy,
             )
-            await self.service.open(pool_size=self.scenario.worker_concurrency + 16)
+            await self.service.open(pool_size=self.scenario.worker_concurrency + 8)
             sock = _free_socket()
             self.api_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
             self.server = uvicorn.Server(
