@@ -11,6 +11,7 @@ import subprocess
 import time
 
 from measure import BENCH, ROOT, BenchError, Worker, command, fresh_database, run_json
+from suite import JOBFENCE
 
 FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:()]+)(?::\d+)?\)$")
 
@@ -60,9 +61,7 @@ def profile_jobfence(jobs: int, seconds: float = 15.0) -> str:
     with fresh_database() as url:
         run_json(command("jobfence", "setup", url))
         run_json(command("jobfence", "enqueue", url, str(jobs)))
-        worker = Worker(
-            command("jobfence", "worker", url, "--mode", "durable", "--concurrency", "32")
-        )
+        worker = Worker(command("jobfence", "worker", url, "--mode", "durable", *JOBFENCE.args))
         try:
             worker.wait_ready()
             proc = subprocess.run(

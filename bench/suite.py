@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -62,9 +63,17 @@ class Variant:
 
 JF_CONCURRENCY = "32"
 
-JOBFENCE = Variant("jobfence", "jobfence (fence)", ("--concurrency", JF_CONCURRENCY))
+JF_BATCH = "10"  # group commit: up to 10 jobs per transaction, each in its own savepoint
+JOBFENCE = Variant(
+    "jobfence", "jobfence (fence)", ("--concurrency", JF_CONCURRENCY, "--batch-size", JF_BATCH)
+)
 JOBFENCE_NOFENCE = Variant(
-    "jobfence", "jobfence (no fence)", ("--concurrency", JF_CONCURRENCY, "--no-fence")
+    "jobfence",
+    "jobfence (no fence)",
+    ("--concurrency", JF_CONCURRENCY, "--batch-size", JF_BATCH, "--no-fence"),
+)
+JOBFENCE_SINGLE = Variant(
+    "jobfence", "jobfence (fence, one job per tx)", ("--concurrency", JF_CONCURRENCY)
 )
 PROCRASTINATE = Variant("procrastinate", "Procrastinate (c=32)", ("--concurrency", "32"))
 PGQUEUER = [
@@ -138,6 +147,12 @@ class Results:
         r.cpu.append(d.cpu_per_1k)
         r.server_cpu.append(d.server_cpu_per_1k)
         r.rss.append((d.rss_start_mb, d.rss_max_mb))
+
+    def load(self, path: Path) -> None:
+        for data in json.loads(path.read_text())["rows"]:
+            data["rss"] = [tuple(x) for x in data["rss"]]
+            row = Row(**data)
+            self.rows[(row.workload, row.label)] = row
 
     def get(self, workload: str, label: str) -> Row | None:
         return self.rows.get((workload, label))
@@ -354,6 +369,21 @@ WORKLOADS = {
 }
 
 
+#: the table's workload names (row prefixes) of each workload option
+ROW_PREFIXES = {
+    "durable": ("durable",),
+    "noop": ("noop",),
+    "latency": ("latency", "idle wake-up"),
+    "duplicates": ("duplicate storm",),
+    "bulk": ("bulk enqueue",),
+    "deadletters": ("dead-letter replay",),
+    "outbox": ("outbox relay",),
+    "http": ("HTTP",),
+    "transports": ("transports",),
+    "memory": ("worker memory",),
+}
+
+
 def run_suite(args: argparse.Namespace, results: Results) -> None:
     only = set(args.only.split(",")) if args.only else set(WORKLOADS)
     unknown = only - set(WORKLOADS)
@@ -370,7 +400,11 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
     for workload in ("durable", "noop"):
         if workload not in only:
             continue
-        fixed = [PGBENCH, JOBFENCE, JOBFENCE_NOFENCE] if workload == "durable" else [JOBFENCE]
+        fixed = (
+            [PGBENCH, JOBFENCE, JOBFENCE_NOFENCE, JOBFENCE_SINGLE]
+            if workload == "durable"
+            else [JOBFENCE, JOBFENCE_SINGLE]
+        )
         sweeps = [PGQUEUER, CELERY] if peers_ok else []
         slow = [PROCRASTINATE] if peers_ok else []
         for i in range(args.repeat):
@@ -714,6 +748,12 @@ def main(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: --scale 0.05 --repeat 1")
     parser.add_argument("--no-peers", action="store_true", help="jobfence and pgbench only")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument(
+        "--resume",
+        metavar="RESULTS.json",
+        help="start from the rows of an earlier run (bench/results/*.json), e.g. to add the "
+        "workloads it did not reach (--only ...)",
+    )
     args = parser.parse_args()
     if args.list:
         for name, text in WORKLOADS.items():
@@ -725,6 +765,13 @@ def main(parser: argparse.ArgumentParser) -> None:
     before = machine()
     console.print(f"[bold]machine[/bold]: {before}")
     results = Results()
+    if args.resume:
+        results.load(Path(args.resume))
+        redo = set(args.only.split(",")) if args.only else set(WORKLOADS)
+        prefixes = tuple(p for w in redo for p in ROW_PREFIXES.get(w, ()))
+        for key in [k for k in results.rows if k[0].startswith(prefixes)]:
+            del results.rows[key]  # measured again in this run
+        console.print(f"resumed {len(results.rows)} rows from {args.resume}")
     try:
         run_suite(args, results)
     finally:

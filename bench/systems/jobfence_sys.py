@@ -82,10 +82,12 @@ async def enqueue(url: str, n: int, dup: float, transport: str | None) -> None:
         say(seconds=time.perf_counter() - t0)
 
 
-async def worker(url: str, mode: str, concurrency: int, fence: bool, transport: str | None) -> None:
+async def worker(
+    url: str, mode: str, concurrency: int, batch: int, fence: bool, transport: str | None
+) -> None:
     app = make_app(url, mode, transport)
     app._fence_enabled = fence
-    w = app.worker(concurrency=concurrency, poll_interval=2.0)
+    w = app.worker(concurrency=concurrency, poll_interval=2.0, batch_size=batch)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, w.request_stop)
@@ -238,6 +240,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=["durable", "noop"], default="durable")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--no-fence", action="store_true")
+    parser.add_argument("--batch-size", type=int, default=1, help="group commit: jobs per tx")
     parser.add_argument("--transport", default=None)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -248,7 +251,7 @@ def main() -> None:
     elif a.command == "enqueue":
         coro = enqueue(a.url, a.n, a.dup, a.transport)
     elif a.command == "worker":
-        coro = worker(a.url, a.mode, a.concurrency, not a.no_fence, a.transport)
+        coro = worker(a.url, a.mode, a.concurrency, a.batch_size, not a.no_fence, a.transport)
     elif a.command == "produce":
         coro = produce(a.url, a.rate, a.seconds, a.transport)
     elif a.command == "bulk":

@@ -72,8 +72,10 @@ async def enqueue(url: str, n: int, mode: str) -> None:
 
 
 async def worker(url: str, mode: str, concurrency: int) -> None:
-    b = Bench(url, pool_size=concurrency + 4)
-    b.effects = AsyncConnectionPool(url, min_size=concurrency, max_size=concurrency, open=False)
+    # connections are capped (a shared server has max_connections = 100): jobs wait for one
+    b = Bench(url, pool_size=min(concurrency + 4, 12))
+    size = min(concurrency, 10)
+    b.effects = AsyncConnectionPool(url, min_size=size, max_size=size, open=False)
     await b.effects.open(wait=True)
     async with b.app.open_async():
         say(ready=True)
