@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -104,6 +105,7 @@ class RabbitMQTransport(Transport):
         self._buffer: deque[tuple[str, aio_pika.abc.AbstractIncomingMessage]] = deque()
         self._ready = asyncio.Event()
         self._held: dict[int, _Held] = {}
+        self._tokens = itertools.count(1)
 
     @classmethod
     def from_url(cls, url: str, *, lease: timedelta, worker_id: str) -> RabbitMQTransport:
@@ -142,7 +144,7 @@ class RabbitMQTransport(Transport):
             for queue, message in buffered:
                 with contextlib.suppress(Exception):
                     delivery = self._delivery(queue, message)
-                    self._held[id(message)] = _Held(message, time.monotonic())
+                    self._held[delivery.token] = _Held(message, time.monotonic())
                     await self._republish(delivery, attempts=delivery.attempt - 1, delay=0.0)
             with contextlib.suppress(Exception):
                 await self._sub.close()
@@ -279,7 +281,8 @@ class RabbitMQTransport(Transport):
         # through jobfence.exhausted.Q: each such death took delivery_limit + 1 deliveries
         lost_before = _limit_deaths(headers, queue) * (self.delivery_limit + 1)
         attempt = meta.attempts + lost_before + returned + 1
-        return meta.delivery(queue, message.body, attempt, token=id(message), ref=message)
+        token = next(self._tokens)
+        return meta.delivery(queue, message.body, attempt, token=token, ref=message)
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         if limit <= 0:
@@ -294,7 +297,7 @@ class RabbitMQTransport(Transport):
         while self._buffer and len(found) < limit:
             queue, message = self._buffer.popleft()
             delivery = self._delivery(queue, message)
-            self._held[id(message)] = _Held(message, deadline)
+            self._held[delivery.token] = _Held(message, deadline)
             found.append(delivery)
         return found
 
