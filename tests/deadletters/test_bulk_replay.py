@@ -57,7 +57,7 @@ async def test_bulk_replay_of_10000_letters_some_applied_meanwhile_gives_one_eff
         ]
         await app.enqueue_many(again[:500])
         async with RunningWorker(app, concurrency=8) as w:
-            await eventually(lambda: w.stats.handled == 500, timeout=60, what="500 applied")
+            await eventually(lambda: w.stats.handled == 500, timeout=180, what="500 applied")
         await app.enqueue_many(again[500:])  # these are processed while the replay runs
 
         preview = await dl.preview_replay(app.db, dl.Filter(queue="credits"), actor=OPS)
