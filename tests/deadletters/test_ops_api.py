@@ -51,6 +51,9 @@ def routes(letter: int, replay: int) -> list[tuple[str, str, dict[str, Any] | No
         ("GET", f"/v1/replays/{replay}", None, "viewer", True),
         ("GET", f"/v1/replays/{replay}/items", None, "viewer", True),
         ("GET", "/v1/audit", None, "viewer", False),
+        ("GET", "/v1/outbox/events", None, "viewer", False),
+        ("GET", "/v1/outbox/events/00000000-0000-0000-0000-000000000000", None, "viewer", False),
+        ("POST", "/v1/outbox/events/redrive", {"reason": "broker back"}, "operator", False),
     ]
 
 
@@ -92,7 +95,7 @@ async def test_every_route_denies_by_default(ops: OpsServer) -> None:
             assert (r.status_code, r.json()["code"]) == (413, "PAYLOAD_TOO_LARGE"), path
             checked += 1
         health = await anonymous.get("/healthz")
-    assert checked == 12
+    assert checked == 15
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     assert await audit_actions(ops.database_url) == before
     state = await query(
@@ -357,3 +360,15 @@ async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:
         ],
         "queue_depth": [],
     }
+
+
+async def test_the_outbox_routes_are_served_by_the_ops_api(ops: OpsServer) -> None:
+    """`jobfence ops serve` carries the outbox routes: a viewer lists events, a partner-scoped
+    token is refused (the outbox spans every partner)."""
+    async with ops.client(ops.tokens.viewer) as viewer, ops.client(ops.tokens.partner_a) as acme:
+        listed = await viewer.get("/v1/outbox/events")
+        scoped = await acme.get("/v1/outbox/events")
+        spec = (await viewer.get("/openapi.json")).json()
+    assert listed.status_code == 200, listed.text
+    assert scoped.status_code == 403, scoped.text
+    assert "/v1/outbox/events/redrive" in spec["paths"]

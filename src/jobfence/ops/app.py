@@ -419,6 +419,9 @@ def create_app(
             "next_cursor": page.next_cursor,
         }
 
+    from ..http import ops_outbox
+
+    api.include_router(ops_outbox.router(), prefix="/v1")  # outbox listing and re-drive
     return api
 
 
