@@ -737,6 +737,9 @@ def main(parser: argparse.ArgumentParser) -> None:
         help="seconds of steady 1 000 jobs/s in the latency workload",
     )
     parser.add_argument(
+        "--memory-jobs", type=int, default=50_000, help="jobs in the worker-memory run"
+    )
+    parser.add_argument(
         "--transport-jobs",
         type=int,
         default=10_000,
