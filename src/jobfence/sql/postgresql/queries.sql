@@ -30,12 +30,20 @@ VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s,
         now() + make_interval(secs => %(delay)s))
 
 -- name: claim
+-- One ordered index range per queue (an ANY(...) over the queues would read every available
+-- row and sort them), the oldest first across queues.
 WITH candidates AS (
-    SELECT id FROM core.jobs
-    WHERE state = 'available' AND queue = ANY(%(queues)s) AND run_at <= now()
-    ORDER BY run_at, id
+    SELECT c.id, c.run_at
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, run_at FROM core.jobs
+        WHERE state = 'available' AND queue = q.name AND run_at <= now()
+        ORDER BY run_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.run_at, c.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 )
 UPDATE core.jobs AS j SET
     state = 'running',
@@ -49,8 +57,14 @@ RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
           j.enqueued_at, j.lease_token, j.history
 
 -- name: next_run_at
-SELECT extract(epoch FROM (min(run_at) - now()))::float8 AS wait
-FROM core.jobs WHERE state = 'available' AND queue = ANY(%(queues)s)
+SELECT extract(epoch FROM (min(n.run_at) - now()))::float8 AS wait
+FROM unnest(%(queues)s::text[]) AS q(name)
+CROSS JOIN LATERAL (
+    SELECT run_at FROM core.jobs
+    WHERE state = 'available' AND queue = q.name
+    ORDER BY run_at
+    LIMIT 1
+) AS n
 
 -- name: reap_expired
 WITH expired AS (
