@@ -2,9 +2,11 @@
 -- same statements jobfence sends for it (claim; BEGIN; fence + ack in one statement; the
 -- effect's INSERT; COMMIT), against a jobfence-migrated database holding the jobs.
 -- bench/run.py runs it as: pgbench -n -M prepared -c C -j 2 -t N/C -f durable.sql
+-- The claim reads one ordered index range of the one queue, as jobfence's claim does per queue
+-- since 1597919 (before it, an ANY(...) over the queues read and sorted every available row).
 WITH candidates AS (
     SELECT id FROM core.jobs
-    WHERE state = 'available' AND queue = ANY('{bench}') AND run_at <= now()
+    WHERE state = 'available' AND queue = 'bench' AND run_at <= now()
     ORDER BY run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
 )
 UPDATE core.jobs AS j SET state = 'running', attempts = j.attempts + 1,
