@@ -94,6 +94,20 @@ class Server(ABC):
         self.proc = None
         wait_port(self.port, self.name, is_open=False)
 
+    def stop(self) -> None:
+        """A clean shutdown: SIGTERM to the process group (SIGKILL if it hangs)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return
+        self.proc = None
+        wait_port(self.port, self.name, is_open=False)
+
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self.workdir, ignore_errors=True)

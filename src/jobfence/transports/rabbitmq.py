@@ -106,6 +106,7 @@ class RabbitMQTransport(Transport):
         self._ready = asyncio.Event()
         self._held: dict[int, _Held] = {}
         self._tokens = itertools.count(1)
+        self._opened = False  # open() succeeded and close() was not called
 
     @classmethod
     def from_url(cls, url: str, *, lease: timedelta, worker_id: str) -> RabbitMQTransport:
@@ -130,8 +131,10 @@ class RabbitMQTransport(Transport):
         except (OSError, aiormq.exceptions.AMQPError) as exc:
             raise ConfigurationError(f"cannot connect to RabbitMQ: {exc}") from None
         self._pub = await self._conn.channel(publisher_confirms=True)
+        self._opened = True
 
     async def close(self) -> None:
+        self._opened = False
         if self._conn is None:
             return
         if self._sub is not None:
@@ -231,6 +234,7 @@ class RabbitMQTransport(Transport):
         await self._channel.default_exchange.publish(message, routing_key, mandatory=True)
 
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        await self._ensure_publisher()
         for start in range(0, len(jobs), PUBLISH_BATCH):
             chunk = jobs[start : start + PUBLISH_BATCH]
             routes = [await self._route(job.queue, job.delay) for job in chunk]
@@ -250,10 +254,45 @@ class RabbitMQTransport(Transport):
 
     # -- consuming --------------------------------------------------------------------------
 
+    async def _reconnect(self) -> None:
+        """A new connection when the robust one did not come back by itself (seen after a
+        broker crash: a channel whose restore failed stays closed)."""
+        log.warning("RabbitMQ channel closed and not restored: reconnecting")
+        old, self._conn = self._conn, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.close()
+        self._sub = None
+        self._consuming.clear()
+        self._consumers.clear()
+        self._declared.clear()
+        await self.open()
+
+    async def _ensure_publisher(self) -> None:
+        if self._conn is None or self._pub is None:
+            if self._opened:
+                await self._reconnect()  # an earlier reconnection failed: try again
+            return
+        if self._pub.is_closed and not self._conn.is_closed:
+            try:
+                self._pub = await self._conn.channel(publisher_confirms=True)
+                return
+            except Exception:
+                log.debug("could not reopen the publishing channel", exc_info=True)
+        if self._pub.is_closed:
+            await self._reconnect()
+
     async def _consume(self, queues: Sequence[str]) -> None:
         if self._sub is None or self._sub.is_closed:
+            if self._conn is None:
+                await self._reconnect()  # an earlier reconnection failed: try again
             assert self._conn is not None
-            self._sub = await self._conn.channel(publisher_confirms=False)
+            try:
+                self._sub = await self._conn.channel(publisher_confirms=False)
+            except Exception:
+                await self._reconnect()
+                assert self._conn is not None
+                self._sub = await self._conn.channel(publisher_confirms=False)
             await self._sub.set_qos(prefetch_count=self.prefetch)
             self._consuming.clear()
             self._consumers.clear()
