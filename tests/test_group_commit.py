@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from jobfence import App, Job, NonRetryableError, RetryPolicy, TemporaryError, Tx
+from jobfence.harness import Outcome
 
 from .helpers import (
     RunningWorker,
@@ -190,3 +191,26 @@ async def test_kill_inside_a_batch_commits_none_of_it(pg_ledger: str, tmp_path: 
 
 async def _count(url: str, sql: str, expected: int) -> bool:
     return await scalar(url, sql) == expected
+
+
+async def test_raw_connection_statements_fail_the_job_that_sent_them(pg_ledger: str) -> None:
+    """A handler using the driver connection directly in a batch (no fetch, so nothing syncs
+    the pipeline for it): its error still belongs to its own job, not to the next one."""
+    app = App(pg_ledger)
+
+    @app.consumer("raw", retry=FAST)
+    async def handle(job: Job[dict[str, Any]], tx: Tx) -> None:
+        value = "oops" if job.payload.get("bad") and job.attempt == 1 else "1"
+        await tx.connection.execute(
+            "INSERT INTO ledger (job_id, member_id, points) VALUES (%s, 'm', %s::int)",
+            (job.job_id, value),
+        )
+
+    async with app:
+        jobs = [app.job("raw", {"bad": i == 2}, job_id=f"r{i}") for i in range(5)]
+        await app.enqueue_many(jobs)
+        async with RunningWorker(app, concurrency=1, batch_size=5) as w:
+            await eventually(lambda: w.stats.handled == 6, what="5 jobs and one retry")
+    assert w.stats.outcomes[Outcome.RETRY] == 1
+    rows = await query(pg_ledger, "SELECT job_id, count(*) FROM ledger GROUP BY 1 ORDER BY 1")
+    assert rows == [(f"r{i}", 1) for i in range(5)]

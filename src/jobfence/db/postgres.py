@@ -129,9 +129,14 @@ class PgBatch:
         """A savepoint for one job: released if the block succeeds, rolled back if it raises
         (the batch's other jobs are untouched)."""
         await self._conn.execute("SAVEPOINT jobfence_job")
+        queued = self._queued()
         try:
             yield self.tx
-            await self._pipeline.sync()  # errors of anything still queued are this job's
+            now_queued = self._queued()
+            if queued is None or now_queued is None or now_queued > queued:
+                # the handler left statements unsynced (raw connection use): their errors
+                # are this job's, so collect them before the job counts as done
+                await self._pipeline.sync()
         except BaseException:
             with contextlib.suppress(psycopg.Error):
                 await self._pipeline.sync()  # clear a pending error before rolling back
@@ -140,6 +145,12 @@ class PgBatch:
             await self._pipeline.sync()
             raise
         await self._conn.execute("RELEASE SAVEPOINT jobfence_job")
+
+    def _queued(self) -> int | None:
+        """Statements sent but not yet synced (psycopg's pipeline keeps them in
+        ``result_queue``); None when unknown, and then the job syncs (one round trip)."""
+        pending = getattr(self._pipeline, "result_queue", None)
+        return len(pending) if pending is not None else None
 
 
 async def _named(
