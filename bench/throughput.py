@@ -54,7 +54,9 @@ def _url(name: str) -> str:
     return ADMIN.rsplit("/", 1)[0] + "/" + name
 
 
-async def one_run(jobs: int, concurrency: int, fence: bool, batch_size: int = 1) -> Run:
+async def one_run(
+    jobs: int, concurrency: int, fence: bool, batch_size: int = 1, noop: bool = False
+) -> Run:
     name = f"jf_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
@@ -66,6 +68,8 @@ async def one_run(jobs: int, concurrency: int, fence: bool, batch_size: int = 1)
 
         @app.consumer("bench")
         async def effect(job: Job[Any], tx: Tx) -> None:
+            if noop:
+                return
             await tx.execute(
                 "INSERT INTO effects (job_id, amount) VALUES (%s, %s)", (job.job_id, 1)
             )
@@ -86,7 +90,7 @@ async def one_run(jobs: int, concurrency: int, fence: bool, batch_size: int = 1)
             await task
             async with app.db.transaction() as tx:
                 row = await tx.fetchone("SELECT count(*) FROM effects")
-            if row is None or row[0] != jobs:
+            if row is None or row[0] != (0 if noop else jobs):
                 raise RuntimeError(f"expected {jobs} effects, found {row}")
         return Run(jobs / elapsed, cpu / jobs * 1000)
     finally:
@@ -103,6 +107,7 @@ async def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--noop", action="store_true", help="empty handler (fence only)")
     parser.add_argument(
         "--batch-sizes", default="1,10", help="group-commit sizes to measure (1 = off)"
     )
@@ -128,8 +133,12 @@ async def main() -> None:
         with_fence: list[Run] = []
         without: list[Run] = []
         for _ in range(args.repeat):  # interleave so drift hits both sides alike
-            with_fence.append(await one_run(args.jobs, level, fence=True, batch_size=batch))
-            without.append(await one_run(args.jobs, level, fence=False, batch_size=batch))
+            with_fence.append(
+                await one_run(args.jobs, level, fence=True, batch_size=batch, noop=args.noop)
+            )
+            without.append(
+                await one_run(args.jobs, level, fence=False, batch_size=batch, noop=args.noop)
+            )
             console.print(
                 f"  c={level} b={batch}: fence {with_fence[-1].jobs_per_s:,.0f} jobs/s, "
                 f"no fence {without[-1].jobs_per_s:,.0f} jobs/s",

@@ -130,7 +130,7 @@ def _queue_list(value: str | None) -> list[str] | None:
 )
 @click.option(
     "--batch-size",
-    type=click.IntRange(1, 1000),
+    type=click.IntRange(1, 64),
     default=1,
     show_default=True,
     help="Group commit: jobs per transaction, each in its own savepoint (PostgreSQL queue).",

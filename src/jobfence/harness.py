@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -63,10 +63,10 @@ class Consumer:
     handler: Handler
     decoder: Decoder
     policy: RetryPolicy
+    is_async: bool = field(init=False)
 
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.handler)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
 
 
 class _LeaseLost(Exception):
@@ -271,8 +271,10 @@ class Harness:
                 await self._release(delivery)
                 outcomes[index] = Outcome.FAILED_TO_RECORD
             return
+        after_commit = self.observers.wants_after_commit
         for job, duration in committed:
-            await self.observers.after_commit(job)
+            if after_commit:
+                await self.observers.after_commit(job)
             self.observers.job_processed(job, duration)
         for note in notes:
             note()

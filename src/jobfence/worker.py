@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jobfence.worker")
 
+#: jobs per group-commit transaction at most: one savepoint each, and PostgreSQL keeps the
+#: ids of 64 subtransactions per backend before snapshots overflow to pg_subtrans
+MAX_BATCH_SIZE = 64
+
 
 @dataclass
 class WorkerStats:
@@ -49,8 +53,11 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        if not 1 <= batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(
+                f"batch_size must be between 1 and {MAX_BATCH_SIZE} (PostgreSQL caches "
+                f"{MAX_BATCH_SIZE} subtransactions per backend; more slow every snapshot)"
+            )
         if prefetch is not None and prefetch < 0:
             raise ValueError("prefetch must be >= 0")
         self.app = app
