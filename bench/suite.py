@@ -63,7 +63,7 @@ class Variant:
 
 JF_CONCURRENCY = "32"
 
-JF_BATCH = "10"  # group commit: up to 10 jobs per transaction, each in its own savepoint
+JF_BATCH = "50"  # group commit: up to 50 jobs per transaction, each in its own savepoint
 JOBFENCE = Variant(
     "jobfence", "jobfence (fence)", ("--concurrency", JF_CONCURRENCY, "--batch-size", JF_BATCH)
 )
