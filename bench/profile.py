@@ -53,15 +53,16 @@ def summarize(raw: str, top: int = 25) -> str:
     return "\n".join(lines)
 
 
-def profile_jobfence(jobs: int, seconds: float = 15.0) -> str:
-    """Profile the jobfence worker draining ``jobs`` durable jobs (fence on)."""
+def profile_jobfence(jobs: int, seconds: float = 15.0, mode: str = "durable") -> str:
+    """Profile the jobfence worker draining ``jobs`` jobs (fence on) of the ``durable`` or
+    ``noop`` workload."""
     spy = BENCH / ".venv-peers" / "bin" / "py-spy"
     out = ROOT / "bench" / "results" / f"profile-{time.strftime('%Y%m%dT%H%M%S')}.raw"
     out.parent.mkdir(exist_ok=True)
     with fresh_database() as url:
         run_json(command("jobfence", "setup", url))
         run_json(command("jobfence", "enqueue", url, str(jobs)))
-        worker = Worker(command("jobfence", "worker", url, "--mode", "durable", *JOBFENCE.args))
+        worker = Worker(command("jobfence", "worker", url, "--mode", mode, *JOBFENCE.args))
         try:
             worker.wait_ready()
             proc = subprocess.run(
@@ -81,4 +82,12 @@ def profile_jobfence(jobs: int, seconds: float = 15.0) -> str:
 if __name__ == "__main__":
     import sys
 
-    print(profile_jobfence(int(sys.argv[1]) if len(sys.argv) > 1 else 20000))
+    # python bench/profile.py [JOBS] [durable|noop] [SECONDS]
+    args = sys.argv[1:]
+    print(
+        profile_jobfence(
+            int(args[0]) if args else 20000,
+            float(args[2]) if len(args) > 2 else 15.0,
+            args[1] if len(args) > 1 else "durable",
+        )
+    )

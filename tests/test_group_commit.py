@@ -214,3 +214,45 @@ async def test_raw_connection_statements_fail_the_job_that_sent_them(pg_ledger: 
     assert w.stats.outcomes[Outcome.RETRY] == 1
     rows = await query(pg_ledger, "SELECT job_id, count(*) FROM ledger GROUP BY 1 ORDER BY 1")
     assert rows == [(f"r{i}", 1) for i in range(5)]
+
+
+async def test_jobs_without_statements_share_a_batch_with_jobs_that_write(pg_ledger: str) -> None:
+    """A job's savepoint is queued, not sent, until something follows it. Jobs that run no
+    statement, jobs that fail before any statement and jobs that fail after raw statements,
+    in one batch: each failure rolls back only its own work, never an earlier job's."""
+    app = App(pg_ledger)
+    txids: dict[str, int] = {}
+
+    @app.consumer("mixed", retry=FAST)
+    async def handle(job: Job[dict[str, Any]], tx: Tx) -> None:
+        mode = job.payload["mode"]
+        if mode == "fail-first":
+            raise NonRetryableError("before any statement", code="EARLY")
+        if mode == "noop":
+            return
+        insert = "INSERT INTO ledger (job_id, member_id, points) VALUES (%s, 'm', 1)"
+        if mode == "raw-then-fail":
+            await tx.connection.execute(insert, (job.job_id,))
+            raise NonRetryableError("after a raw statement", code="LATE")
+        (txid,) = await tx.fetchone("SELECT txid_current()") or (0,)
+        txids[job.job_id] = int(txid)
+        await tx.execute(insert, (job.job_id,))
+
+    modes = ["write", "fail-first", "noop", "raw-then-fail", "write", "noop", "fail-first"]
+    async with app:
+        jobs = [app.job("mixed", {"mode": m}, job_id=f"m{i}") for i, m in enumerate(modes)]
+        await app.enqueue_many(jobs)
+        async with RunningWorker(app, concurrency=1, batch_size=len(modes)) as w:
+            await eventually(lambda: w.stats.handled == len(modes), what="every job's outcome")
+    assert w.stats.outcomes[Outcome.PROCESSED] == 4
+    assert w.stats.outcomes[Outcome.DEAD] == 3
+    assert txids["m0"] == txids["m4"]  # one transaction
+    rows = await query(pg_ledger, "SELECT job_id FROM ledger ORDER BY job_id")
+    assert rows == [("m0",), ("m4",)]
+    fences = await query(pg_ledger, "SELECT job_id FROM core.processed_jobs ORDER BY job_id")
+    assert fences == [("m0",), ("m2",), ("m4",), ("m5",)]
+    letters = await query(
+        pg_ledger, "SELECT job_id, error_code FROM core.dead_letters ORDER BY job_id"
+    )
+    assert letters == [("m1", "EARLY"), ("m3", "LATE"), ("m6", "EARLY")]
+    assert await scalar(pg_ledger, "SELECT count(*) FROM core.jobs") == 0
