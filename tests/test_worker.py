@@ -14,7 +14,17 @@ import aiosqlite
 import psycopg
 import pytest
 
-from jobfence import App, ConfigurationError, EnqueueError, Job, NonRetryableError, Observer, Tx
+from jobfence import (
+    App,
+    ConfigurationError,
+    EnqueueError,
+    Job,
+    NonRetryableError,
+    Observer,
+    RetryPolicy,
+    TemporaryError,
+    Tx,
+)
 from jobfence.jobs import Delivery
 
 from .conftest import create_pg_database, drop_pg_database, pg_url
@@ -46,6 +56,36 @@ async def test_idle_postgresql_worker_wakes_on_notify_not_on_polling(pg_ledger: 
         await producer.enqueue("q", {}, job_id="wake")
         await eventually(lambda: w.stats.handled == 1, timeout=10, what="woken by NOTIFY")
     assert await query(pg_ledger, "SELECT job_id FROM ledger") == [("wake",)]
+
+
+async def test_a_drained_postgresql_worker_still_sees_each_new_job_and_each_due_retry(
+    pg_ledger: str,
+) -> None:
+    """After a claim drains the queue the next fetch skips its first claim unless woken; with
+    a 60 s poll interval, jobs enqueued one at a time by another connection must still be
+    picked up on their NOTIFY, and a retry that only becomes due by time (no notification)
+    on its due time."""
+    app = App(pg_ledger)
+    fast = RetryPolicy(
+        base=timedelta(seconds=0.2), cap=timedelta(seconds=1), justification="tests: fast"
+    )
+
+    @app.consumer("q", retry=fast)
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        if job.payload.get("flaky") and job.attempt == 1:
+            raise TemporaryError("first attempt fails")
+        await credit(tx, job.job_id, "m", 1)
+
+    producer = App(pg_ledger)
+    async with app, producer, RunningWorker(app, poll_interval=60) as w:
+        await eventually(lambda: w.worker.app.transport._listener is not None, what="listening")
+        for i in range(5):
+            await producer.enqueue("q", {}, job_id=f"one-{i}")
+            await eventually(lambda i=i: w.stats.handled == i + 1, timeout=10, what=f"job {i}")
+        await producer.enqueue("q", {"flaky": True}, job_id="flaky")
+        await eventually(lambda: w.stats.handled == 7, timeout=10, what="the retry, by time")
+    rows = await query(pg_ledger, "SELECT job_id FROM ledger ORDER BY job_id")
+    assert rows == [("flaky",)] + [(f"one-{i}",) for i in range(5)]
 
 
 class Lost(Observer):

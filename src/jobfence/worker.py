@@ -209,8 +209,13 @@ class Worker:
         if exc is not None:  # the harness handles everything; this is a bug if it happens
             log.error("harness raised", exc_info=exc)
             return
-        for outcome in task.result():
+        outcomes = task.result()
+        for outcome in outcomes:
             self.stats.outcomes[outcome] += 1
+        if Outcome.RETRY in outcomes:
+            # a waiting fetch looked for the next due job before this retry was written:
+            # wake it, so that it reads the retry's due time instead of sleeping a full poll
+            self.app.transport.wake()
 
     async def _give_back(self, delivery: Delivery) -> None:
         try:

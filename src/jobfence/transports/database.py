@@ -50,6 +50,9 @@ class DatabaseQueue(Transport):
         self._wake = asyncio.Event()
         self._listened: set[str] = set()
         self._listener: asyncio.Task[None] | None = None
+        # the queues whose last claim came back short: until a wake-up, claiming them again
+        # at once would find nothing (PostgreSQL only, where enqueues notify)
+        self._drained: tuple[str, ...] | None = None
 
     def _queues_param(self, queues: Sequence[str]) -> Any:
         return list(queues) if self.db.dialect == "postgresql" else json.dumps(list(queues))
@@ -101,13 +104,17 @@ class DatabaseQueue(Transport):
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         if limit <= 0:
             return []
-        if self.db.dialect == "postgresql" and self._listener is None:
+        postgres = self.db.dialect == "postgresql"
+        if postgres and self._listener is None:
             self._listened = set(queues)
             self._listener = asyncio.create_task(self._listen(), name="jobfence-listen")
-        self._wake.clear()
-        found = await self._claim(queues, limit)
-        if found:
-            return found
+        # Skip the first claim when the last one drained these queues and nothing woke us
+        # since: at low rates that is one empty claim per job less. Jobs that become due by
+        # time are covered by next_run_at below, enqueues and releases by the wake-up.
+        if not (postgres and self._drained == tuple(queues) and not self._wake.is_set()):
+            found = await self._claim_noting(queues, limit)
+            if found:
+                return found
         rows = await self.db.run("next_run_at", {"queues": self._queues_param(queues)})
         wait = timeout
         if rows and rows[0]["wait"] is not None:
@@ -118,7 +125,15 @@ class DatabaseQueue(Transport):
         if wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
-        return await self._claim(queues, limit)
+        return await self._claim_noting(queues, limit)
+
+    async def _claim_noting(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        """Claim, noting whether the queues were drained. The wake-up flag is cleared
+        first, so a notification that arrives during the claim is not lost."""
+        self._wake.clear()
+        found = await self._claim(queues, limit)
+        self._drained = tuple(queues) if len(found) < limit else None
+        return found
 
     def _ref(self, delivery: Delivery) -> dict[str, Any]:
         return {"id": delivery.ref, "token": delivery.token}
