@@ -1,4 +1,4 @@
-"""Where jobfence's worker spends its CPU on the durable workload: py-spy (from
+"""Where jobfence's worker spends its CPU on the durable (or no-op) workload: py-spy (from
 bench/.venv-peers) samples the worker subprocess while it drains the queue, and the samples
 are summed per function, inclusive (the function and what it calls) and self (on top of
 the stack), without line numbers. Idle time (waiting on the network) is not sampled."""
@@ -9,6 +9,11 @@ import collections
 import re
 import subprocess
 import time
+
+if __name__ == "__main__":  # run with the project's virtualenv; re-runs itself with the peers'
+    from run import _bootstrap
+
+    _bootstrap(__file__)
 
 from measure import BENCH, ROOT, BenchError, Worker, command, fresh_database, run_json
 from suite import JOBFENCE

@@ -49,7 +49,8 @@ def _ensure_peers() -> Path:
     return python
 
 
-def _bootstrap() -> None:
+def _bootstrap(script: str | None = None) -> None:
+    """Re-run ``script`` (this file by default) with the peers' virtualenv."""
     if os.environ.get("BENCH_IN_PEERS") == "1":
         return
     try:
@@ -61,7 +62,8 @@ def _bootstrap() -> None:
         )
     python = _ensure_peers()
     env = {**os.environ, "BENCH_IN_PEERS": "1", "BENCH_PROJECT_PYTHON": sys.executable}
-    os.execve(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]], env)
+    target = Path(script or __file__).resolve()
+    os.execve(str(python), [str(python), str(target), *sys.argv[1:]], env)
 
 
 if __name__ == "__main__":
