@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import time
 import uuid
@@ -384,11 +385,35 @@ ROW_PREFIXES = {
 }
 
 
-def run_suite(args: argparse.Namespace, results: Results) -> None:
+#: external programs the workloads need, and how to get them (Debian)
+TOOLS: dict[str, tuple[str, str]] = {
+    "durable": ("pgbench", "shipped with PostgreSQL: apt-get install -y postgresql-contrib"),
+    "http": ("wrk", "apt-get install -y wrk"),
+    "transports": ("redis-server", "apt-get install -y redis-server"),
+}
+
+
+def selected(args: argparse.Namespace) -> set[str]:
+    """The workloads to run; exits at once on an unknown name or a missing tool."""
     only = set(args.only.split(",")) if args.only else set(WORKLOADS)
     unknown = only - set(WORKLOADS)
     if unknown:
         raise SystemExit(f"unknown workload(s): {', '.join(sorted(unknown))}; see --list")
+    # fail now, not after a quarter of an hour, when a tool a selected workload needs is missing
+    missing = [
+        f"{tool} (for {workload}: {how})"
+        for workload, (tool, how) in TOOLS.items()
+        if workload in only and shutil.which(tool) is None
+    ]
+    if missing:
+        raise SystemExit(
+            f"missing: {'; '.join(missing)} — install it, or leave the workload out with --only"
+        )
+    return only
+
+
+def run_suite(args: argparse.Namespace, results: Results) -> None:
+    only = selected(args)
     scale = args.scale
     n_tp = max(200, int(args.jobs * scale))
     n_slow = max(200, int(args.slow_jobs * scale))
@@ -764,6 +789,7 @@ def main(parser: argparse.ArgumentParser) -> None:
         return
     if args.quick:
         args.scale, args.repeat = min(args.scale, 0.05), 1
+    selected(args)
     started = dt.datetime.now(dt.UTC)
     before = machine()
     console.print(f"[bold]machine[/bold]: {before}")
