@@ -3,6 +3,7 @@ in its own savepoint. Every per-job guarantee of the single-job path must still 
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from datetime import timedelta
 from pathlib import Path
@@ -256,3 +257,55 @@ async def test_jobs_without_statements_share_a_batch_with_jobs_that_write(pg_led
     )
     assert letters == [("m1", "EARLY"), ("m3", "LATE"), ("m6", "EARLY")]
     assert await scalar(pg_ledger, "SELECT count(*) FROM core.jobs") == 0
+
+
+async def _ready_together(pg_ledger: str, handler_sleep: float, **worker: Any) -> dict[str, int]:
+    """Warm a worker up with one job (so it knows how long handlers take), then enqueue six
+    jobs in one transaction into the idle worker: no backlog, six jobs ready together.
+    Returns each of the six jobs' transaction id."""
+    app = App(pg_ledger)
+    txids: dict[str, int] = {}
+
+    @app.consumer("ready")
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        if handler_sleep:
+            await asyncio.sleep(handler_sleep)  # a handler waiting on something slow
+        (txid,) = await tx.fetchone("SELECT txid_current()") or (0,)
+        txids[job.job_id] = int(txid)
+        await tx.execute(
+            "INSERT INTO ledger (job_id, member_id, points) VALUES (%s, 'm', 1)", (job.job_id,)
+        )
+
+    async with (
+        app,
+        RunningWorker(app, concurrency=8, batch_size=10, poll_interval=60, **worker) as w,
+    ):
+        await app.enqueue("ready", {}, job_id="warm-up")
+        await eventually(lambda: w.stats.handled == 1, what="the warm-up job")
+        await app.enqueue_many([app.job("ready", {}, job_id=f"r{i}") for i in range(6)])
+        await eventually(lambda: w.stats.handled == 7, what="the six ready jobs")
+    assert await scalar(pg_ledger, "SELECT count(*) FROM ledger") == 7
+    return {j: t for j, t in txids.items() if j != "warm-up"}
+
+
+async def test_jobs_ready_together_share_a_transaction_when_handlers_are_fast(
+    pg_ledger: str,
+) -> None:
+    """No backlog (8 free slots, 6 jobs), fast handlers: one commit for the six, not six."""
+    txids = await _ready_together(pg_ledger, 0.0, batch_window=1.0)
+    assert len(txids) == 6
+    assert len(set(txids.values())) == 1
+
+
+async def test_jobs_ready_together_run_side_by_side_when_handlers_are_slow(
+    pg_ledger: str,
+) -> None:
+    """Handlers slower than the batch window: each ready job gets its own transaction, so
+    they run at the same time instead of one after the other."""
+    txids = await _ready_together(pg_ledger, 0.2, batch_window=0.05)
+    assert len(set(txids.values())) == 6
+
+
+async def test_a_zero_batch_window_batches_only_under_a_backlog(pg_ledger: str) -> None:
+    txids = await _ready_together(pg_ledger, 0.0, batch_window=0.0)
+    assert len(set(txids.values())) == 6

@@ -464,9 +464,10 @@ class App:
         shutdown_grace: float = 30.0,
         prefetch: int | None = None,
         batch_size: int = 1,
+        batch_window: float | None = None,
     ) -> Any:
         """A :class:`~jobfence.worker.Worker` for this app (``await worker.run()``)."""
-        from .worker import Worker
+        from .worker import DEFAULT_BATCH_WINDOW, Worker
 
         return Worker(
             self,
@@ -476,4 +477,5 @@ class App:
             shutdown_grace=shutdown_grace,
             prefetch=prefetch,
             batch_size=batch_size,
+            batch_window=DEFAULT_BATCH_WINDOW if batch_window is None else batch_window,
         )

@@ -136,6 +136,14 @@ def _queue_list(value: str | None) -> list[str] | None:
     help="Group commit: jobs per transaction, each in its own savepoint (PostgreSQL queue).",
 )
 @click.option(
+    "--batch-window",
+    type=click.FloatRange(0, 60),
+    default=0.010,
+    show_default=True,
+    help="Group commit without a backlog: ready jobs share a transaction while their handlers "
+    "are expected to take no longer than this many seconds in a row (0: only under a backlog).",
+)
+@click.option(
     "--prefetch",
     type=click.IntRange(0, 10_000),
     default=None,
@@ -166,6 +174,7 @@ def worker(
     concurrency: int,
     metrics_port: int | None,
     batch_size: int,
+    batch_window: float,
     prefetch: int | None,
     metrics_host: str,
     shutdown_grace: float,
@@ -188,6 +197,7 @@ def worker(
         shutdown_grace=shutdown_grace,
         prefetch=prefetch,
         batch_size=batch_size,
+        batch_window=batch_window,
     )
     if metrics_port:
         try:

@@ -95,6 +95,9 @@ class Harness:
         self.payload_limit = payload_limit
         self.executor = executor
         self.fence_enabled = fence_enabled
+        #: recent time a handler call takes (EWMA, seconds; None until one ran): the worker
+        #: groups ready jobs into one transaction only while handlers are fast
+        self.handler_time: float | None = None
 
     async def _screen(self, delivery: Delivery) -> tuple[Consumer, Job[Any]] | Outcome:
         """Everything decided before a transaction: unknown queue, attempts exhausted by lost
@@ -340,6 +343,7 @@ class Harness:
 
     async def _call(self, consumer: Consumer, job: Job[Any], tx: Tx) -> None:
         token = current_tx.set(tx)
+        began = time.perf_counter()
         try:
             if consumer.is_async:
                 result = consumer.handler(job, tx)
@@ -352,6 +356,9 @@ class Harness:
                 await loop.run_in_executor(self.executor, call)
         finally:
             current_tx.reset(token)
+            took = time.perf_counter() - began
+            last = self.handler_time
+            self.handler_time = took if last is None else 0.8 * last + 0.2 * took
 
     async def _release(self, delivery: Delivery) -> None:
         try:
