@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from .cleanup import Maintenance
 from .codec import Decoder, Schema, encode
-from .config import DatabaseURL, parse_database_url
+from .config import DEFAULT_BATCH_WINDOW, DatabaseURL, parse_database_url
 from .db import Database, Tx, connect, current_tx
 from .errors import ConfigurationError, EnqueueError
 from .harness import Consumer, Handler
@@ -464,10 +464,10 @@ class App:
         shutdown_grace: float = 30.0,
         prefetch: int | None = None,
         batch_size: int = 1,
-        batch_window: float | None = None,
+        batch_window: float = DEFAULT_BATCH_WINDOW,
     ) -> Any:
         """A :class:`~jobfence.worker.Worker` for this app (``await worker.run()``)."""
-        from .worker import DEFAULT_BATCH_WINDOW, Worker
+        from .worker import Worker
 
         return Worker(
             self,
@@ -477,5 +477,5 @@ class App:
             shutdown_grace=shutdown_grace,
             prefetch=prefetch,
             batch_size=batch_size,
-            batch_window=DEFAULT_BATCH_WINDOW if batch_window is None else batch_window,
+            batch_window=batch_window,
         )

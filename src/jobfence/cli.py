@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .config import ENV_DATABASE_URL, ENV_TRANSPORT_URL
+from .config import DEFAULT_BATCH_WINDOW, ENV_DATABASE_URL, ENV_TRANSPORT_URL, MAX_BATCH_SIZE
 from .errors import Category, JobfenceError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -130,7 +130,7 @@ def _queue_list(value: str | None) -> list[str] | None:
 )
 @click.option(
     "--batch-size",
-    type=click.IntRange(1, 64),
+    type=click.IntRange(1, MAX_BATCH_SIZE),
     default=1,
     show_default=True,
     help="Group commit: jobs per transaction, each in its own savepoint (PostgreSQL queue).",
@@ -138,7 +138,7 @@ def _queue_list(value: str | None) -> list[str] | None:
 @click.option(
     "--batch-window",
     type=click.FloatRange(0, 60),
-    default=0.010,
+    default=DEFAULT_BATCH_WINDOW,
     show_default=True,
     help="Group commit without a backlog: ready jobs share a transaction while their handlers "
     "are expected to take no longer than this many seconds in a row (0: only under a backlog).",

@@ -14,6 +14,15 @@ ENV_DATABASE_URL = "JOBFENCE_DATABASE_URL"
 ENV_TRANSPORT_URL = "JOBFENCE_TRANSPORT"
 DEFAULT_DATABASE_URL = "sqlite:///jobfence.db"
 
+#: jobs per group-commit transaction at most: one savepoint each, and PostgreSQL keeps the
+#: ids of 64 subtransactions per backend before snapshots overflow to pg_subtrans
+MAX_BATCH_SIZE = 64
+
+#: group commit without a backlog: jobs that are ready together share a transaction while
+#: their handlers, run one after the other, are expected to take no longer than this many
+#: seconds (from the recent time a handler takes); slower handlers get a transaction each
+DEFAULT_BATCH_WINDOW = 0.010
+
 _ACCEPTED = "postgresql://user@host:5432/dbname or sqlite:///path/to/file.db"
 
 

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from .harness import Harness, Outcome
 from .jobs import Delivery
 
@@ -24,15 +25,6 @@ if TYPE_CHECKING:
     from .app import App
 
 log = logging.getLogger("jobfence.worker")
-
-#: jobs per group-commit transaction at most: one savepoint each, and PostgreSQL keeps the
-#: ids of 64 subtransactions per backend before snapshots overflow to pg_subtrans
-MAX_BATCH_SIZE = 64
-
-#: group commit without a backlog: jobs that are ready together share a transaction while
-#: their handlers, run one after the other, are expected to take no longer than this many
-#: seconds (from the recent time a handler takes); slower handlers get a transaction each
-DEFAULT_BATCH_WINDOW = 0.010
 
 
 @dataclass
