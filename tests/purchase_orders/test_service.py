@@ -5,6 +5,7 @@ request states of every outcome, dead letters with the seed's attributes, operat
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -402,3 +403,114 @@ async def test_replaying_the_dead_letter_completes_the_request(running: Ctx) -> 
     assert done["eventId"] == created["eventId"]
     assert done["operatorRetries"] == 0
     assert (await ctx.stack.erp_stats())["orders_created"] == 1
+
+
+# -- idempotency keys on the requests table (issue 10 §3.1) ------------------------------------
+
+SHORT_KEYS = replace(
+    QUIET, idempotency_window=timedelta(seconds=2), idempotency_lease=timedelta(seconds=1)
+)
+OTHER_DOC = {
+    **DOC,
+    "external_reference": "EXT-2",
+    "lines": [{"item": "ITEM-9", "quantity": 1, "unit_price": "1.00"}],
+}
+
+
+async def _documents(url: str) -> list[tuple[str, str | None, str]]:
+    rows = await query(
+        url,
+        "SELECT request_id::text, external_reference, idempotency_key "
+        "FROM purchase_orders.requests ORDER BY created_at",
+    )
+    return [(a, b, c) for a, b, c in rows]
+
+
+@pytest.fixture
+async def short_keys(pg_database: str, erp_process: ErpProcess) -> AsyncIterator[Ctx]:
+    """API and ERP (no pipeline) whose idempotency keys expire after 2 seconds."""
+    async for ctx in _ctx(pg_database, SHORT_KEYS, False, erp_process):
+        yield ctx
+
+
+async def test_after_its_window_a_key_is_new_and_the_new_document_is_a_new_request(
+    short_keys: Ctx,
+) -> None:
+    """docs/http-idempotency.md: once a key's window is over the same key is a new request.
+    A POST of another document with the expired key gets a new requestId and its own outbox
+    event; the first request and its document stay as they were. Nothing is dropped."""
+    ctx = short_keys
+    first = await ctx.post("acme", DOC, "key-expiring")
+    assert first.status_code == 202, first.text
+    first_id = first.json()["requestId"]
+
+    async def accepted() -> httpx.Response | None:
+        response = await ctx.post("acme", OTHER_DOC, "key-expiring")
+        return response if response.status_code == 202 else None
+
+    second = await eventually(accepted, timeout=30, interval=0.2, what="the key to expire")
+    body = second.json()
+    shown = await ctx.http.get(f"/requests/{body['requestId']}", headers=ctx.partner("acme"))
+    documents = await _documents(ctx.stack.database_url)
+    events = await query(ctx.stack.database_url, "SELECT count(*) FROM core.outbox")
+    assert body["requestId"] != first_id
+    assert second.headers.get("idempotent-replayed") is None
+    assert shown.json()["externalReference"] == "EXT-2"
+    assert [(ref, key) for _, ref, key in documents] == [
+        ("EXT-1", "key-expiring"),
+        ("EXT-2", "key-expiring"),
+    ]
+    assert [rid for rid, _, _ in documents] == [first_id, body["requestId"]]
+    assert events == [(2,)]
+
+
+async def test_a_key_reused_for_another_document_is_409_even_when_the_middleware_forgot_it(
+    api_only: Ctx,
+) -> None:
+    """The requests table keeps the key for its window on its own (a 5xx after the commit
+    releases the middleware's key, a crash loses its stored answer): the same key with
+    another document inside the window is 409 IDEMPOTENCY_KEY_MISMATCH naming the request
+    that holds it — never a 202 with the old requestId; the same document is answered with
+    the existing request, not a second one."""
+    ctx = api_only
+    first = (await ctx.post("acme", DOC, "key-forgotten")).json()
+    await query(ctx.stack.database_url, "DELETE FROM core.idempotency_keys")
+    other = await ctx.post("acme", OTHER_DOC, "key-forgotten")
+    await query(ctx.stack.database_url, "DELETE FROM core.idempotency_keys")
+    same = await ctx.post("acme", DOC, "key-forgotten")
+    assert other.status_code == 409, other.text
+    assert other.headers["content-type"] == "application/problem+json"
+    assert other.json()["code"] == "IDEMPOTENCY_KEY_MISMATCH"
+    assert other.json()["existingRequestId"] == first["requestId"]
+    assert same.status_code == 202, same.text
+    assert same.json()["requestId"] == first["requestId"]
+    assert len(await _documents(ctx.stack.database_url)) == 1
+
+
+async def test_parallel_posts_with_an_expired_key_create_one_new_request(api_only: Ctx) -> None:
+    """Eight concurrent create_request calls with a key whose window ended: the expired key
+    is released once and exactly one new request takes it; the others answer that one."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from jobfence.purchase_orders.models import PurchaseOrderRequest
+    from jobfence.purchase_orders.service import Created
+
+    svc = api_only.stack.svc
+    old = await svc.create_request(
+        "acme",
+        PurchaseOrderRequest.model_validate(DOC),
+        idempotency_key="key-old",
+        key_expires_at=datetime.now(UTC) - timedelta(seconds=1),
+    )
+    new_doc = PurchaseOrderRequest.model_validate(OTHER_DOC)
+    results = await asyncio.gather(
+        *(svc.create_request("acme", new_doc, idempotency_key="key-old") for _ in range(8))
+    )
+    assert isinstance(old, Created)
+    assert all(isinstance(r, Created) for r in results), results
+    created = [r for r in results if isinstance(r, Created) and r.new]
+    assert len(created) == 1
+    assert {r.request_id for r in results if isinstance(r, Created)} == {created[0].request_id}
+    assert created[0].request_id != old.request_id
+    assert len(await _documents(api_only.stack.database_url)) == 2

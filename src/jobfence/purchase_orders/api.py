@@ -3,7 +3,9 @@
 - ``POST /requests`` — partner token; ``Idempotency-Key``/``X-Idempotency-Key`` required
   (:class:`~jobfence.http.IdempotencyMiddleware`); 202 with the requestId; 409
   ``DUPLICATE_DOCUMENT`` naming the existing request when the partner already sent the
-  document (SPEC I3); 422 ``VALIDATION_ERROR`` for a bad body.
+  document (SPEC I3); 409 ``IDEMPOTENCY_KEY_MISMATCH`` when the key, inside its window, names a
+  request with another document (after the window the key is new: a new request); 422
+  ``VALIDATION_ERROR`` for a bad body.
 - ``GET /requests/{requestId}`` — the partner's own request (or an ops token in scope): state,
   history, ERP order, error and dead letter.
 - ``POST /requests/{requestId}/retry`` — ops token with role operator in the partner's scope;
@@ -25,10 +27,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from .. import outbox
-from ..http import DEFAULT_LEASE, DEFAULT_WINDOW, IdempotencyMiddleware, idempotency_of
+from ..http import (
+    DEFAULT_LEASE,
+    DEFAULT_WINDOW,
+    MISMATCH,
+    IdempotencyMiddleware,
+    idempotency_of,
+)
 from ..ops.auth import Principal, authenticate, require
 from .models import PurchaseOrderRequest
-from .service import Created, DuplicateDocument, PurchaseOrderService, Refused
+from .service import Created, DuplicateDocument, KeyMismatch, PurchaseOrderService, Refused
 
 PROBLEM = "application/problem+json"
 
@@ -126,8 +134,22 @@ def create_api(
     ) -> JSONResponse:
         context = idempotency_of(request)
         result = await service.create_request(
-            partner_id, body, idempotency_key=context.key if context else None
+            partner_id,
+            body,
+            idempotency_key=context.key if context else None,
+            key_expires_at=context.expires_at if context else None,
+            key_window=idempotency_window,
         )
+        if isinstance(result, KeyMismatch):
+            return problem(
+                409,
+                MISMATCH,
+                "Idempotency key reused for a different request",
+                f"this key still names request {result.existing_request_id}, which carries "
+                "another document; use a new key for a new document",
+                existingRequestId=result.existing_request_id,
+                existingState=result.existing_state,
+            )
         if isinstance(result, DuplicateDocument):
             return problem(
                 409,

@@ -28,6 +28,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from ..http import DEFAULT_LEASE, DEFAULT_WINDOW
 from ..retry import RetryPolicy
 from .adapter import CallRetry, ErpSettings
 from .erp import ErpProcess, Switches
@@ -71,6 +72,8 @@ class Scenario:
     policy: RetryPolicy = DEMO_POLICY
     seed: int = 4
     settle_timeout: float = 120.0
+    idempotency_window: timedelta = DEFAULT_WINDOW
+    idempotency_lease: timedelta = DEFAULT_LEASE
 
 
 @dataclass
@@ -219,7 +222,12 @@ class LocalStack:
             self.api_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
             self.server = uvicorn.Server(
                 uvicorn.Config(
-                    create_api(self.service, manage_service=False),
+                    create_api(
+                        self.service,
+                        manage_service=False,
+                        idempotency_window=self.scenario.idempotency_window,
+                        idempotency_lease=self.scenario.idempotency_lease,
+                    ),
                     log_level="critical",
                     access_log=False,
                     lifespan="on",

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cache
 from importlib import resources
 from typing import Any, LiteralString
@@ -35,6 +35,7 @@ from ..app import App
 from ..config import parse_database_url
 from ..db import Database, Tx, connect
 from ..errors import Category, ConfigurationError, NonRetryableError
+from ..http import DEFAULT_WINDOW
 from ..jobs import Delivery, Job
 from ..observers import Observer
 from ..retry import RetryPolicy
@@ -132,6 +133,15 @@ class Created:
     event_id: str
     state: str
     new: bool
+
+
+@dataclass(frozen=True)
+class KeyMismatch:
+    """SPEC I2: the idempotency key, still inside its window, names a request with another
+    document. Nothing is created; the client needs a new key for a new document."""
+
+    existing_request_id: str
+    existing_state: str
 
 
 @dataclass(frozen=True)
@@ -317,56 +327,90 @@ class PurchaseOrderService:
     # -- requests -------------------------------------------------------------------------------
 
     async def create_request(
-        self, partner_id: str, body: PurchaseOrderRequest, *, idempotency_key: str | None
-    ) -> Created | DuplicateDocument:
-        """Request row + history + outbox event in one transaction (SPEC O1, I3)."""
+        self,
+        partner_id: str,
+        body: PurchaseOrderRequest,
+        *,
+        idempotency_key: str | None,
+        key_expires_at: datetime | None = None,
+        key_window: timedelta = DEFAULT_WINDOW,
+    ) -> Created | KeyMismatch | DuplicateDocument:
+        """Request row + history + outbox event in one transaction (SPEC O1, I2, I3).
+
+        The idempotency key is kept on the request until ``key_expires_at`` (the middleware's
+        expiry of the key; without one, ``key_window`` from now). Inside that window the same
+        key answers the request that holds it when the document is the same, and
+        :class:`KeyMismatch` when it is not. After it the key is new: the old request releases
+        it (keeping it as history) and a new request is created — a document is never dropped.
+        """
         request_id = str(uuid.uuid4())
         event_id = str(uuid.uuid4())
         document = body.model_dump(mode="json")
+        detail: dict[str, Any] = {"by": partner_id}
         params = {
             "request_id": request_id,
             "partner_id": partner_id,
             "idempotency_key": idempotency_key,
+            "key_expires_at": key_expires_at,
+            "key_window": key_window.total_seconds(),
             "company_id": body.company_id,
             "document_type": body.document_type,
             "external_reference": body.external_reference,
             "document": _json(document),
             "event_id": event_id,
-            "detail": _json({"by": partner_id}),
+            "detail": _json(detail),
         }
         async with self.db.transaction() as tx:
-            if await q(tx, "request_insert", params):
-                await outbox.write(
-                    tx,
-                    QUEUE,
-                    self._event(
-                        request_id,
-                        partner_id,
-                        body.company_id,
-                        body.document_type,
-                        body.external_reference,
-                    ),
-                    event_id=event_id,
-                    key=request_id,
-                    correlation_id=request_id,
-                )
-                return Created(request_id, event_id, State.RECEIVED, new=True)
-            if idempotency_key is not None:
-                same = await q(
-                    tx,
-                    "request_by_key",
-                    {"partner_id": partner_id, "idempotency_key": idempotency_key},
-                )
-                if same:
-                    row = same[0]
-                    return Created(
-                        str(row["request_id"]), row["current_event_id"], row["state"], new=False
+            # A conflict is on the key or on the document (I3). An expired key is released
+            # and the insert tried again; a concurrent request may have taken the key
+            # meanwhile, so a few rounds.
+            for _ in range(4):
+                if await q(tx, "request_insert", params):
+                    await outbox.write(
+                        tx,
+                        QUEUE,
+                        self._event(
+                            request_id,
+                            partner_id,
+                            body.company_id,
+                            body.document_type,
+                            body.external_reference,
+                        ),
+                        event_id=event_id,
+                        key=request_id,
+                        correlation_id=request_id,
                     )
-            if body.external_reference is not None:
-                existing = await q(tx, "request_by_document", params)
-                if existing:
-                    return DuplicateDocument(str(existing[0]["request_id"]), existing[0]["state"])
-        raise RuntimeError("request insert conflicted with a row that no longer exists")
+                    return Created(request_id, event_id, State.RECEIVED, new=True)
+                if idempotency_key is not None:
+                    holder = await q(tx, "request_by_key", params)
+                    if holder and holder[0]["key_expired"]:
+                        old = str(holder[0]["request_id"])
+                        await q(tx, "request_release_key", {"request_id": old})
+                        detail["idempotencyKeyReleasedBy"] = old
+                        params["detail"] = _json(detail)
+                        log.info(
+                            "an expired idempotency key names a new request",
+                            extra={"partner_id": partner_id, "released_by": old},
+                        )
+                        continue
+                    if holder:
+                        row = holder[0]
+                        if not row["same_document"]:
+                            return KeyMismatch(str(row["request_id"]), row["state"])
+                        return Created(
+                            str(row["request_id"]),
+                            row["current_event_id"],
+                            row["state"],
+                            new=False,
+                        )
+                if body.external_reference is not None:
+                    existing = await q(tx, "request_by_document", params)
+                    if existing:
+                        return DuplicateDocument(
+                            str(existing[0]["request_id"]), existing[0]["state"]
+                        )
+                # the row we conflicted with is gone or released meanwhile: insert again
+        raise RuntimeError("request insert kept conflicting with rows that changed; try again")
 
     @staticmethod
     def _event(

@@ -15,11 +15,14 @@ SELECT partner_id, name FROM purchase_orders.partners WHERE token_hash = %(token
 -- The request row and its first history entry, one round trip.
 WITH created AS (
     INSERT INTO purchase_orders.requests (
-        request_id, partner_id, idempotency_key, company_id, document_type,
-        external_reference, document, state, current_event_id)
-    VALUES (%(request_id)s, %(partner_id)s, %(idempotency_key)s, %(company_id)s,
-            %(document_type)s, %(external_reference)s, %(document)s::jsonb, 'RECEIVED',
-            %(event_id)s)
+        request_id, partner_id, idempotency_key, idempotency_expires_at, company_id,
+        document_type, external_reference, document, state, current_event_id)
+    VALUES (%(request_id)s, %(partner_id)s, %(idempotency_key)s,
+            CASE WHEN %(idempotency_key)s::text IS NOT NULL
+                 THEN coalesce(%(key_expires_at)s::timestamptz,
+                               now() + make_interval(secs => %(key_window)s)) END,
+            %(company_id)s, %(document_type)s, %(external_reference)s, %(document)s::jsonb,
+            'RECEIVED', %(event_id)s)
     ON CONFLICT DO NOTHING
     RETURNING request_id, current_event_id
 ), logged AS (
@@ -29,8 +32,22 @@ WITH created AS (
 SELECT request_id FROM created
 
 -- name: request_by_key
-SELECT request_id, state, current_event_id FROM purchase_orders.requests
+-- The request holding a key (not released), locked: is its window over, is it the same
+-- document? (Rows from before keys expired here have no expiry: their window counts from
+-- created_at.)
+SELECT request_id, state, current_event_id, document = %(document)s::jsonb AS same_document,
+       coalesce(idempotency_expires_at, created_at + make_interval(secs => %(key_window)s))
+           <= now() AS key_expired
+FROM purchase_orders.requests
 WHERE partner_id = %(partner_id)s AND idempotency_key = %(idempotency_key)s
+  AND idempotency_released_at IS NULL
+FOR UPDATE
+
+-- name: request_release_key
+-- The key's window is over: it no longer names this request (the row keeps it as history).
+UPDATE purchase_orders.requests SET idempotency_released_at = now()
+WHERE request_id = %(request_id)s AND idempotency_released_at IS NULL
+RETURNING request_id
 
 -- name: request_by_document
 SELECT request_id, state FROM purchase_orders.requests

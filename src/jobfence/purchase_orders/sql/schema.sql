@@ -18,6 +18,11 @@ CREATE TABLE IF NOT EXISTS purchase_orders.requests (
     request_id         uuid PRIMARY KEY,
     partner_id         text NOT NULL REFERENCES purchase_orders.partners (partner_id),
     idempotency_key    text,
+    -- the key's window (the middleware's, when it named the key): until then the key names
+    -- this request; after it the key is new and another request may take it, which releases
+    -- it here (the key stays on this row as history)
+    idempotency_expires_at  timestamptz,
+    idempotency_released_at timestamptz,
     company_id         text NOT NULL,
     document_type      text NOT NULL,
     external_reference text,
@@ -37,9 +42,15 @@ CREATE TABLE IF NOT EXISTS purchase_orders.requests (
     updated_at         timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT requests_completed_has_order CHECK ((state = 'COMPLETED') = (erp_order_id IS NOT NULL))
 );
+-- Databases made before keys expired here (issue 10 §3.1) get the two columns.
+ALTER TABLE purchase_orders.requests ADD COLUMN IF NOT EXISTS idempotency_expires_at timestamptz;
+ALTER TABLE purchase_orders.requests ADD COLUMN IF NOT EXISTS idempotency_released_at timestamptz;
 -- E1: a client re-sending its POST (the HTTP layer answers it; this survives a server crash).
-CREATE UNIQUE INDEX IF NOT EXISTS requests_idempotency_uq
-    ON purchase_orders.requests (partner_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
+-- Unique among keys not yet released: a key whose window is over can name a new request.
+DROP INDEX IF EXISTS purchase_orders.requests_idempotency_uq;
+CREATE UNIQUE INDEX IF NOT EXISTS requests_idempotency_live_uq
+    ON purchase_orders.requests (partner_id, idempotency_key)
+    WHERE idempotency_key IS NOT NULL AND idempotency_released_at IS NULL;
 -- E2 / SPEC I3: the same source document twice.
 CREATE UNIQUE INDEX IF NOT EXISTS requests_document_uq
     ON purchase_orders.requests (partner_id, company_id, document_type, external_reference)
