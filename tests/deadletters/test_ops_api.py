@@ -375,3 +375,38 @@ async def test_the_outbox_routes_are_served_by_the_ops_api(ops: OpsServer) -> No
     assert listed.status_code == 200, listed.text
     assert scoped.status_code == 403, scoped.text
     assert "/v1/outbox/events/redrive" in spec["paths"]
+
+
+async def test_metrics_are_refused_to_partner_scoped_tokens(ops: OpsServer) -> None:
+    """/metrics is process- and database-wide (every partner's pending letters, every queue's
+    depth; no partner label to filter on): a partner-scoped token gets 403 pointing at the
+    filtered /v1/stats, and learns nothing; unscoped tokens still scrape."""
+    await seed_scoped(ops.database_url)
+    async with (
+        ops.client(ops.tokens.partner_b_viewer) as globex,
+        ops.client(ops.tokens.partner_a) as acme,
+        ops.client(ops.tokens.viewer) as vera,
+    ):
+        scoped_viewer = await globex.get("/metrics")
+        scoped_operator = await acme.get("/metrics")
+        scoped_stats = await globex.get("/v1/stats")
+        unscoped = await vera.get("/metrics")
+    for refused in (scoped_viewer, scoped_operator):
+        assert refused.status_code == 403, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["code"] == "FORBIDDEN"
+        assert "/v1/stats" in refused.json()["detail"]
+        assert "jobfence_" not in refused.text
+    assert scoped_stats.json() == {
+        "letters": [
+            {
+                "queue": "points.credit",
+                "category": "TEMPORARY_ERROR",
+                "status": "pending_review",
+                "letters": 1,
+            }
+        ],
+        "queue_depth": None,
+    }
+    assert unscoped.status_code == 200
+    assert "jobfence_dead_letters_pending_review" in unscoped.text

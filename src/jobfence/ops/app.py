@@ -215,12 +215,26 @@ def create_app(
     async def openapi(who: Principal = viewer) -> Any:
         return api.openapi()
 
-    @api.get("/metrics", tags=["ops"], response_class=Response)
+    @api.get(
+        "/metrics",
+        tags=["ops"],
+        response_class=Response,
+        responses={403: {"model": models.Problem, "description": "A partner-scoped token."}},
+    )
     async def metrics(who: Principal = viewer) -> Response:
         """Prometheus metrics of this process plus the database gauges (pending review,
-        queue depth, undelivered alerts)."""
+        queue depth, undelivered alerts). Unscoped tokens only: the series cover every
+        partner and carry no partner label, so a partner-scoped token gets 403 (its
+        filtered numbers are at /v1/stats)."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+        if who.partner is not None:
+            raise StarletteHTTPException(
+                403,
+                "metrics cover every partner (pending letters and queue depth of all of "
+                "them) and cannot be filtered by partner: scrape with an unscoped token; "
+                "this token's numbers are at GET /v1/stats",
+            )
         transport = jf.transport
         queue_db = transport.db if isinstance(transport, DatabaseQueue) else None
         await service.refresh_gauges(jf.db, queue_db)
