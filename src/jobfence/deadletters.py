@@ -58,6 +58,8 @@ MAX_PAGE = 200
 MAX_BULK = 100_000
 MAX_IDS = 10_000
 MAX_REASON = 4000
+#: The largest id or cursor the stores hold (PostgreSQL bigint, SQLite INTEGER).
+MAX_ID = 2**63 - 1
 PREVIEW_TTL = timedelta(hours=1)
 RUNNER_LEASE = timedelta(seconds=60)
 DEFAULT_BATCH = 500
@@ -121,8 +123,12 @@ class Filter:
         since, until = _aware(self.since), _aware(self.until)
         if since is not None and until is not None and since >= until:
             raise InvalidRequest("since must be before until")
-        if self.ids is not None and (len(self.ids) > MAX_IDS or any(i < 1 for i in self.ids)):
-            raise InvalidRequest(f"ids must be at most {MAX_IDS} positive letter ids")
+        if self.ids is not None and (
+            len(self.ids) > MAX_IDS or any(not 1 <= i <= MAX_ID for i in self.ids)
+        ):
+            raise InvalidRequest(
+                f"ids must be at most {MAX_IDS} letter ids, each from 1 to {MAX_ID}"
+            )
         return replace(self, since=since, until=until)
 
     @property
@@ -278,6 +284,16 @@ def _reason(reason: str | None, *, required: bool) -> str | None:
     return text or None
 
 
+def _id(value: int | None, what: str, *, low: int = 1) -> int | None:
+    """``value`` when it is a whole number the stores can hold (``low``…:data:`MAX_ID`);
+    else :class:`InvalidRequest` naming it (a driver would fail with an overflow)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_ID:
+        raise InvalidRequest(f"{what} must be a whole number from {low} to {MAX_ID}, not {value!r}")
+    return value
+
+
 def _limit(limit: int) -> int:
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidRequest(f"page size must be between 1 and {MAX_PAGE}")
@@ -374,7 +390,11 @@ async def search(
 ) -> Page[DeadLetter]:
     """Letters matching ``flt`` within the actor's scope, newest first, without payloads."""
     flt = flt.check()
-    params = {**flt.params(db.dialect, actor.partner), "before": before, "limit": _limit(limit)}
+    params = {
+        **flt.params(db.dialect, actor.partner),
+        "before": _id(before, "before (the cursor)", low=0),
+        "limit": _limit(limit),
+    }
     rows = await db.run("dl_search", params)
     store = Store(db)
     letters = [store._dead_letter(row) for row in rows]
@@ -384,6 +404,7 @@ async def search(
 
 async def show(db: Database, letter_id: int, *, actor: Actor) -> LetterView:
     """One letter with its payload, every attempt, its replay chain and its audit trail."""
+    _id(letter_id, "the dead letter id")
     letter = await Store(db).get_dead_letter(letter_id)
     if letter is None or not actor.sees(letter.partner):
         raise NotFound(f"no dead letter {letter_id}")
@@ -417,10 +438,10 @@ async def audit(
         "audit_list",
         {
             "partner": actor.partner,
-            "dead_letter_id": dead_letter_id,
-            "replay_id": replay_id,
+            "dead_letter_id": _id(dead_letter_id, "dead_letter_id"),
+            "replay_id": _id(replay_id, "replay_id"),
             "actor": by,
-            "before": before,
+            "before": _id(before, "before (the cursor)", low=0),
             "limit": _limit(limit),
         },
     )
@@ -460,6 +481,7 @@ async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None
 async def discard(db: Database, letter_id: int, *, actor: Actor, reason: str) -> DeadLetter:
     """Discard a pending letter; ``reason`` must say why (blank is refused)."""
     why = _reason(reason, required=True)
+    _id(letter_id, "the dead letter id")
     async with db.transaction() as tx:
         done = await tx.q(
             "dl_discard",
@@ -503,6 +525,7 @@ async def replay(
     Raises :class:`NotFound` (no such letter in scope) or
     :class:`~jobfence.errors.ReviewConflict` (already decided, or its payload was truncated).
     """
+    _id(letter_id, "the dead letter id")
     results = await _replay_ids(
         db, transport, [letter_id], actor=actor, reason=_reason(reason, required=False), single=True
     )
@@ -715,6 +738,7 @@ async def _replay_row(tx: Tx, replay_id: int) -> dict[str, Any]:
 
 
 async def replay_status(db: Database, replay_id: int, *, actor: Actor) -> ReplayStatus:
+    _id(replay_id, "the replay id")
     async with db.transaction() as tx:
         row = await _replay_row(tx, replay_id)
         if not actor.sees(row["partner"]):
@@ -761,7 +785,12 @@ async def replay_items(
         raise InvalidRequest(f"unknown outcome {outcome!r}")
     rows = await db.run(
         "replay_items_list",
-        {"id": replay_id, "outcome": outcome, "after": after, "limit": _limit(limit)},
+        {
+            "id": replay_id,
+            "outcome": outcome,
+            "after": _id(after, "after (the cursor)", low=0),
+            "limit": _limit(limit),
+        },
     )
     items = [{**r, "done_at": to_datetime(r["done_at"])} for r in rows]
     cursor = int(items[-1]["dead_letter_id"]) if len(items) == limit else None
@@ -773,6 +802,7 @@ async def start_replay(
 ) -> ReplayStatus:
     """Confirm a previewed bulk replay (``expected_total`` must be the count the operator
     saw) and take it for ``runner``; also resumes one whose runner stopped."""
+    _id(replay_id, "the replay id")
     async with db.transaction() as tx:
         row = await _replay_row(tx, replay_id)
         if not actor.sees(row["partner"]):

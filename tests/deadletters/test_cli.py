@@ -263,3 +263,24 @@ def test_cleanup_once_reports_what_it_deleted(
     assert (code, result["deleted"], result["batches"], result["ran"]) == (0, 2, 1, True)
     left = asyncio.run(query(url, f"SELECT job_id FROM {table(url, 'processed_jobs')}"))
     assert left == [("fresh",)]
+
+
+def test_ids_beyond_int64_are_one_clear_line(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An id or cursor the stores cannot hold (one past int64) is refused by the service in
+    one line (exit 1), not an overflow traceback from the driver."""
+    big = str(2**63)
+    shown = jobfence(capsys, "dead-letters", "show", big, "--database-url", database_url)
+    audited = jobfence(
+        capsys, "dead-letters", "audit", "--dead-letter", big, "--database-url", database_url
+    )
+    assert shown == (
+        1,
+        "",
+        f"jobfence: error: the dead letter id must be a whole number from 1 to {2**63 - 1}, "
+        f"not {big}\n",
+    )
+    assert audited[0] == 1
+    assert audited[2].startswith("jobfence: error: dead_letter_id must be a whole number")
+    assert len(audited[2].splitlines()) == 1

@@ -410,3 +410,76 @@ async def test_metrics_are_refused_to_partner_scoped_tokens(ops: OpsServer) -> N
     }
     assert unscoped.status_code == 200
     assert "jobfence_dead_letters_pending_review" in unscoped.text
+
+
+BIG = 2**63  # one past PostgreSQL's bigint and SQLite's INTEGER
+
+
+def oversized(
+    letter: int, replay: int
+) -> list[tuple[str, str, dict[str, Any] | None, Any, list[Any]]]:
+    """(method, path, query, body, where the error is): every integer the ops API takes, one
+    past int64."""
+    return [
+        ("GET", "/v1/dead-letters", {"before": BIG}, None, ["query", "before"]),
+        ("GET", "/v1/dead-letters", {"before": -BIG - 1}, None, ["query", "before"]),
+        ("GET", f"/v1/dead-letters/{BIG}", None, None, ["path", "letter_id"]),
+        ("POST", f"/v1/dead-letters/{BIG}/replay", None, {}, ["path", "letter_id"]),
+        ("POST", f"/v1/dead-letters/{BIG}/discard", None, {"reason": "x"}, ["path", "letter_id"]),
+        (
+            "POST",
+            "/v1/replays",
+            None,
+            {"filter": {"ids": [letter, BIG]}},
+            ["body", "filter", "ids", 1],
+        ),
+        ("POST", f"/v1/replays/{BIG}/run", None, {"expected_total": 1}, ["path", "replay_id"]),
+        (
+            "POST",
+            f"/v1/replays/{replay}/run",
+            None,
+            {"expected_total": BIG},
+            ["body", "expected_total"],
+        ),
+        ("GET", f"/v1/replays/{BIG}", None, None, ["path", "replay_id"]),
+        ("GET", f"/v1/replays/{BIG}/items", None, None, ["path", "replay_id"]),
+        ("GET", f"/v1/replays/{replay}/items", {"after": BIG}, None, ["query", "after"]),
+        ("GET", "/v1/audit", {"dead_letter_id": BIG}, None, ["query", "dead_letter_id"]),
+        ("GET", "/v1/audit", {"replay_id": BIG}, None, ["query", "replay_id"]),
+        ("GET", "/v1/audit", {"before": BIG}, None, ["query", "before"]),
+    ]
+
+
+async def test_integers_beyond_int64_are_422_problems_never_500(ops: OpsServer) -> None:
+    """Each id, cursor and count parameter, one past int64 (PostgreSQL: out of range for
+    bigint; SQLite: OverflowError): 422 problem+json naming the parameter, nothing changed,
+    and the server keeps answering."""
+    letters = await seed_scoped(ops.database_url)
+    async with ops.client(ops.tokens.operator) as otto:
+        made = await otto.post("/v1/replays", json={"filter": {"queue": "points.credit"}})
+        replay = made.json()["replay_id"]
+        before = await audit_actions(ops.database_url)
+        answers, expected = [], []
+        for method, path, params, body, where in oversized(letters["plain"], replay):
+            r = await otto.request(method, path, params=params, json=body)
+            loc = r.json().get("errors", [{}])[0].get("loc") if r.status_code == 422 else None
+            answers.append((method, path, r.status_code, r.headers.get("content-type"), loc))
+            expected.append((method, path, 422, "application/problem+json", where))
+        still = await otto.get(f"/v1/dead-letters/{letters['plain']}")
+    assert answers == expected
+    assert await audit_actions(ops.database_url) == before
+    assert still.status_code == 200
+
+
+async def test_a_value_the_database_refuses_is_a_422_problem(ops: OpsServer) -> None:
+    """The last line of defence: a value that passes the schema but not the driver (a NUL
+    in a text filter: PostgreSQL text cannot hold it, psycopg raises DataError) is a 422
+    problem, never a 500. (SQLite stores it: an empty page.)"""
+    async with ops.client(ops.tokens.viewer) as vera:
+        r = await vera.get("/v1/audit", params={"actor": "alice\x00"})
+    if dialect(ops.database_url) == "postgresql":
+        assert (r.status_code, r.headers["content-type"]) == (422, "application/problem+json")
+        assert r.json()["code"] == "INVALID_REQUEST"
+        assert "out of range or malformed" in r.json()["detail"]
+    else:
+        assert (r.status_code, r.json()) == (200, {"items": [], "next_cursor": None})

@@ -17,7 +17,8 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-from fastapi import Depends, FastAPI, Query, Request, Response
+import psycopg
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -36,6 +37,7 @@ log = logging.getLogger("jobfence.ops")
 PROBLEM = "application/problem+json"
 DEFAULT_MAX_BODY = 128 * 1024
 DRAIN_LIMIT = 8 * 1024 * 1024  # an oversized streamed body is read this far, then cut off
+MAX_ID = service.MAX_ID  # ids and cursors are bigint (PostgreSQL) / INTEGER (SQLite)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -199,6 +201,8 @@ def create_app(
     operator = Depends(require("operator"))
     Responses = dict[int | str, dict[str, Any]]
     forbidden: Responses = {403: {"model": models.Problem, "description": "Needs operator."}}
+    letter_path = Path(ge=1, le=MAX_ID, description="A dead letter id.")
+    replay_path = Path(ge=1, le=MAX_ID, description="A bulk replay id.")
     missing: Responses = {404: {"model": models.Problem, "description": "Not found or in scope."}}
     conflict: Responses = {409: {"model": models.Problem, "description": "Already decided."}}
 
@@ -260,7 +264,9 @@ def create_app(
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int = Query(50, ge=1, le=service.MAX_PAGE),
-        before: int | None = Query(None, description="The previous page's next_cursor."),
+        before: int | None = Query(
+            None, ge=0, le=MAX_ID, description="The previous page's next_cursor."
+        ),
     ) -> Any:
         """Dead letters, newest first, without payloads."""
         flt = service.Filter(
@@ -287,7 +293,7 @@ def create_app(
         responses=missing,
         tags=["dead letters"],
     )
-    async def show_letter(letter_id: int, who: Principal = viewer) -> Any:
+    async def show_letter(letter_id: int = letter_path, who: Principal = viewer) -> Any:
         """One letter: payload, every attempt, error, correlation_id, replay chain, audit."""
         view = await service.show(database(), letter_id, actor=actor_of(who))
         return models.LetterDetail.of_view(view)
@@ -299,7 +305,9 @@ def create_app(
         tags=["dead letters"],
     )
     async def replay_letter(
-        letter_id: int, body: models.ReplayBody | None = None, who: Principal = operator
+        letter_id: int = letter_path,
+        body: models.ReplayBody | None = None,
+        who: Principal = operator,
     ) -> Any:
         """Republish the job with the same job_id, payload and correlation_id."""
         result = await service.replay(
@@ -318,7 +326,7 @@ def create_app(
         tags=["dead letters"],
     )
     async def discard_letter(
-        letter_id: int, body: models.DiscardBody, who: Principal = operator
+        body: models.DiscardBody, letter_id: int = letter_path, who: Principal = operator
     ) -> Any:
         """Discard a pending letter; the reason is required and must not be blank."""
         letter = await service.discard(
@@ -350,7 +358,9 @@ def create_app(
         responses={**forbidden, **missing, **conflict},
         tags=["bulk replay"],
     )
-    async def run_replay(replay_id: int, body: models.RunBody, who: Principal = operator) -> Any:
+    async def run_replay(
+        body: models.RunBody, replay_id: int = replay_path, who: Principal = operator
+    ) -> Any:
         """Confirm (expected_total = the preview's total) and run a bulk replay in the
         background; follow it at GET /v1/replays/{id}. Also resumes a stopped one."""
         actor = actor_of(who)
@@ -382,7 +392,7 @@ def create_app(
         responses=missing,
         tags=["bulk replay"],
     )
-    async def replay_status(replay_id: int, who: Principal = viewer) -> Any:
+    async def replay_status(replay_id: int = replay_path, who: Principal = viewer) -> Any:
         """Progress of a bulk replay and its counts per outcome ("pending": not yet done)."""
         return models.Replay.of(
             await service.replay_status(database(), replay_id, actor=actor_of(who))
@@ -395,12 +405,12 @@ def create_app(
         tags=["bulk replay"],
     )
     async def replay_items(
-        replay_id: int,
+        replay_id: int = replay_path,
         who: Principal = viewer,
         outcome: str | None = Query(
             None, description="pending, published, already_applied, not_pending or truncated"
         ),
-        after: int | None = None,
+        after: int | None = Query(None, ge=0, le=MAX_ID, description="The previous next_cursor."),
         limit: int = Query(100, ge=1, le=service.MAX_PAGE),
     ) -> Any:
         """The per-item report of a bulk replay, by letter id."""
@@ -412,11 +422,11 @@ def create_app(
     @api.get("/v1/audit", response_model=models.AuditPage, tags=["audit"])
     async def audit_log(
         who: Principal = viewer,
-        dead_letter_id: int | None = None,
-        replay_id: int | None = None,
+        dead_letter_id: int | None = Query(None, ge=1, le=MAX_ID),
+        replay_id: int | None = Query(None, ge=1, le=MAX_ID),
         actor: str | None = None,
         limit: int = Query(50, ge=1, le=service.MAX_PAGE),
-        before: int | None = None,
+        before: int | None = Query(None, ge=0, le=MAX_ID),
     ) -> Any:
         """Who did what, when and why — newest first."""
         page = await service.audit(
@@ -472,6 +482,29 @@ def _handlers(api: FastAPI) -> None:
     @api.exception_handler(ReviewConflict)
     async def conflict(request: Request, exc: ReviewConflict) -> JSONResponse:
         return problem(409, "Conflict", str(exc), code="REVIEW_CONFLICT")
+
+    @api.exception_handler(psycopg.DataError)
+    async def bad_value(request: Request, exc: psycopg.DataError) -> JSONResponse:
+        # the last line of defence: the models bound what they can, and a value the database
+        # still refuses (out of range, malformed) is the request's fault, not the server's
+        log.info("request value refused by the database", extra={"error": str(exc)})
+        return problem(
+            422,
+            "Invalid request",
+            "a value in the request is out of range or malformed for the database "
+            f"({type(exc).__name__}); ids and cursors are whole numbers up to {MAX_ID}",
+        )
+
+    @api.exception_handler(OverflowError)
+    async def overflow(request: Request, exc: OverflowError) -> JSONResponse:
+        # SQLite (and datetime arithmetic) refuse numbers they cannot hold with OverflowError
+        log.info("request value overflowed", extra={"error": str(exc)})
+        return problem(
+            422,
+            "Invalid request",
+            f"a value in the request is too large ({exc}); ids and cursors are whole numbers "
+            f"up to {MAX_ID}",
+        )
 
     @api.exception_handler(DatabaseUnavailable)
     async def unavailable(request: Request, exc: DatabaseUnavailable) -> JSONResponse:

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..deadletters import MAX_IDS, MAX_REASON, AuditEntry, LetterView, ReplayPreview, ReplayStatus
+from ..deadletters import (
+    MAX_ID,
+    MAX_IDS,
+    MAX_REASON,
+    AuditEntry,
+    LetterView,
+    ReplayPreview,
+    ReplayStatus,
+)
 from ..deadletters import payload_view as _payload_view
 from ..store import DeadLetter
+
+#: A letter or replay id: what the stores hold (bigint / INTEGER), so 422, never an overflow.
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
 
 
 class Problem(BaseModel):
@@ -150,7 +161,7 @@ class LetterFilter(BaseModel):
     job_id: str | None = None
     since: datetime | None = Field(default=None, description="failed_at ≥ since")
     until: datetime | None = Field(default=None, description="failed_at < until")
-    ids: list[int] | None = Field(default=None, max_length=MAX_IDS)
+    ids: list[Id] | None = Field(default=None, max_length=MAX_IDS)
 
 
 class PreviewBody(BaseModel):
@@ -208,7 +219,9 @@ class Preview(BaseModel):
 
 class RunBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    expected_total: int = Field(ge=0, description="The preview's total: the confirmation.")
+    expected_total: int = Field(
+        ge=0, le=MAX_ID, description="The preview's total: the confirmation."
+    )
     rate: float | None = Field(
         default=500.0, gt=0, le=100_000, description="Letters per second (null: no limit)."
     )
