@@ -364,7 +364,8 @@ class PurchaseOrderService:
             # A conflict is on the key or on the document (I3). An expired key is released
             # and the insert tried again; a concurrent request may have taken the key
             # meanwhile, so a few rounds.
-            for _ in range(4):
+            looked_again = False
+            for _ in range(5):
                 if await q(tx, "request_insert", params):
                     await outbox.write(
                         tx,
@@ -403,6 +404,12 @@ class PurchaseOrderService:
                             row["state"],
                             new=False,
                         )
+                    if not looked_again:
+                        # The key's holder was released by a concurrent request while we
+                        # waited for its lock; that request's new row is visible to the next
+                        # statement, not to this one: conflict and look again.
+                        looked_again = True
+                        continue
                 if body.external_reference is not None:
                     existing = await q(tx, "request_by_document", params)
                     if existing:
