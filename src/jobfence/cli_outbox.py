@@ -18,6 +18,7 @@ from rich.table import Table
 
 from . import outbox
 from .cli import console, database_option, load_app, main_group, run, transport_option
+from .errors import ReviewConflict
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -204,11 +205,40 @@ def show_event(event_id: str, database_url: str | None) -> None:
     click.echo(json.dumps(event.to_json(), ensure_ascii=False, indent=2))
 
 
+def _preview_table(preview: outbox.RedrivePreview) -> None:
+    where = f" in queue {preview.queue}" if preview.queue else ""
+    console.print(f"outbox re-drive: {preview.total} PUBLISH_FAILED_RETRY event(s){where}")
+    if not preview.total:
+        return
+    table = Table()
+    table.add_column("queue", overflow="fold")
+    table.add_column("events", justify="right")
+    for queue, events in preview.queues.items():
+        table.add_row(queue, str(events))
+    console.print(table)
+    if preview.sample:
+        sample = Table(title=f"sample ({len(preview.sample)} of {preview.total}, newest first)")
+        for column in ("event_id", "queue", "attempts", "last error"):
+            sample.add_column(column, overflow="fold")
+        for event in preview.sample:
+            sample.add_row(
+                event.event_id, event.queue, str(event.attempts), (event.last_error or "")[:100]
+            )
+        console.print(sample)
+
+
 @outbox_group.command("redrive")
 @click.argument("event_ids", nargs=-1)
 @database_option
-@click.option("--all", "all_failed", is_flag=True, help="Every PUBLISH_FAILED_RETRY event.")
+@click.option(
+    "--all",
+    "all_failed",
+    is_flag=True,
+    help="Every PUBLISH_FAILED_RETRY event: shows how many and asks first.",
+)
 @click.option("--queue", help="With --all: only this queue.")
+@click.option("--yes", "-y", is_flag=True, help="With --all: do not ask for confirmation.")
+@click.option("--expect", type=click.IntRange(0), help="With --all --yes: refuse unless N.")
 @click.option("--reason", required=True, help="Why (kept in each event's history).")
 @click.option("--by", "actor", default=None, help="Who (default: the OS user).")
 def redrive(
@@ -216,34 +246,62 @@ def redrive(
     database_url: str | None,
     all_failed: bool,
     queue: str | None,
+    yes: bool,
+    expect: int | None,
     reason: str,
     actor: str | None,
 ) -> None:
     """Put PUBLISH_FAILED_RETRY events back to PENDING with fresh attempts.
 
-    Name the events, or pass --all (optionally with --queue). Events in any other state are
+    Name the events, or pass --all (optionally with --queue): it shows how many failed events
+    there are (per queue, with a sample) and asks before it re-drives exactly that many
+    (--yes skips the question; --expect N pins the count). Events in any other state are
     left alone, so repeating a re-drive does nothing twice.
     """
     if bool(event_ids) == all_failed:
         raise click.UsageError("name the events to re-drive, or pass --all (not both)")
     if queue and not all_failed:
         raise click.UsageError("--queue goes with --all")
+    if (yes or expect is not None) and not all_failed:
+        raise click.UsageError("--yes and --expect go with --all")
     if not reason.strip():
         raise click.UsageError("--reason must say why")
     app = _open(database_url)
+    who = actor or getpass.getuser()
 
-    async def go() -> list[str]:
+    async def go() -> list[str] | None:
         async with app:
+            if not all_failed:
+                return await outbox.redrive(
+                    app.db, actor=who, reason=reason, event_ids=list(event_ids), via="cli"
+                )
+            preview = await outbox.preview_redrive(app.db, queue=queue)
+            _preview_table(preview)
+            if preview.total == 0:
+                return None
+            if expect is not None and expect != preview.total:
+                raise ReviewConflict(
+                    f"{preview.total} events are PUBLISH_FAILED_RETRY"
+                    + (f" in queue {queue!r}" if queue else "")
+                    + f", not the {expect} expected; preview again (without --yes) to see them"
+                )
+            question = f"Re-drive these {preview.total} events?"
+            if not yes and not await asyncio.to_thread(click.confirm, question):
+                raise click.exceptions.Abort
             return await outbox.redrive(
                 app.db,
-                actor=actor or getpass.getuser(),
+                actor=who,
                 reason=reason,
-                event_ids=list(event_ids) if event_ids else None,
+                all_failed=True,
                 queue=queue,
+                expected_total=preview.total,
                 via="cli",
             )
 
     done = run(go())
+    if done is None:
+        console.print("nothing to re-drive: no event is PUBLISH_FAILED_RETRY")
+        return
     for event_id in done:
         click.echo(event_id)
     missing = sorted(set(event_ids) - set(done))

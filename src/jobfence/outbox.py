@@ -296,30 +296,109 @@ async def counts(db: Database) -> dict[str, int]:
     return {state: found.get(state, 0) for state in STATES}
 
 
+@dataclass(frozen=True)
+class RedrivePreview:
+    """What re-driving every failed event (of ``queue``) would touch: how many, per queue,
+    and a sample (newest first). Confirm ``total`` as ``expected_total``."""
+
+    total: int
+    queues: dict[str, int]
+    sample: list[EventSummary]
+    queue: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "queue": self.queue,
+            "queues": [{"queue": q, "events": n} for q, n in self.queues.items()],
+            "sample": [e.to_json() for e in self.sample],
+            "confirm": {"all": True, "queue": self.queue, "expected_total": self.total},
+        }
+
+
+def _queue(queue: str | None) -> str | None:
+    from .deadletters import InvalidRequest
+
+    if queue is not None and (not queue or len(queue) > 200 or "\x00" in queue):
+        raise InvalidRequest("queue must be 1–200 characters without NUL")
+    return queue
+
+
+async def preview_redrive(
+    db: Database, *, queue: str | None = None, sample: int = 10
+) -> RedrivePreview:
+    """Count the ``PUBLISH_FAILED_RETRY`` events (of ``queue``) a re-drive of all of them
+    would take. Changes nothing."""
+    from .deadletters import InvalidRequest
+
+    if not 0 <= sample <= 100:
+        raise InvalidRequest("sample must be between 0 and 100")
+    _queue(queue)
+    rows = await db.run("outbox_failed_counts", {"queue": queue})
+    per_queue = {str(row["queue"]): int(row["events"]) for row in rows}
+    shown = await list_events(db, state=PUBLISH_FAILED_RETRY, queue=queue, limit=sample)
+    return RedrivePreview(sum(per_queue.values()), per_queue, shown, queue)
+
+
 async def redrive(
     db: Database,
     *,
     actor: str,
     reason: str,
     event_ids: Sequence[str] | None = None,
+    all_failed: bool = False,
     queue: str | None = None,
+    expected_total: int | None = None,
     via: Literal["cli", "api", "library"] = "library",
 ) -> list[str]:
     """Put ``PUBLISH_FAILED_RETRY`` events back to ``PENDING`` with 5 fresh attempts.
 
-    ``event_ids`` None means every failed event (of ``queue``, if given). Who and why go into
-    each event's history and, in the same transaction, one row of the audit log
-    (``outbox.redrive``). Returns the event ids re-driven; events in another state are left
-    alone, so repeating a re-drive is harmless (and audits nothing).
+    Which events is always explicit: name them (``event_ids``), or ask for every failed event
+    (of ``queue``) with ``all_failed=True`` *and* ``expected_total``, the count
+    :func:`preview_redrive` showed — when the failed events are no longer that many, nothing
+    happens and :class:`~jobfence.errors.ReviewConflict` says so. Without either the call is
+    refused (:class:`~jobfence.deadletters.InvalidRequest`): no ids never means "all".
+
+    Who and why go into each event's history and, in the same transaction, one row of the
+    audit log (``outbox.redrive``). Returns the event ids re-driven; events in another state
+    are left alone, so repeating a re-drive is harmless (and audits nothing).
     """
-    from .deadletters import Actor, record
+    from .deadletters import Actor, InvalidRequest, record
+    from .errors import ReviewConflict
 
     who = Actor(actor, via)
     if not isinstance(reason, str) or not reason.strip():
         raise ConfigurationError("a re-drive needs a reason: say why the events may go out now")
+    if queue is not None and not all_failed:
+        raise InvalidRequest("queue goes with all_failed: named events are re-driven as named")
+    if (event_ids is not None) == all_failed:
+        raise InvalidRequest(
+            "name the events to re-drive (event_ids), or ask for every PUBLISH_FAILED_RETRY "
+            "event explicitly (all_failed, after a preview) — not both, not neither"
+        )
+    _queue(queue)
+    if all_failed and expected_total is None:
+        raise InvalidRequest(
+            "re-driving every failed event needs the count you confirmed: preview first "
+            "(preview_redrive, GET …/outbox/events/redrive/preview, or the CLI's --all without "
+            "--yes) and pass its total as expected_total"
+        )
     if event_ids is not None and not event_ids:
         return []
     async with db.transaction() as tx:
+        if all_failed:
+            locked = [
+                str(r["event_id"]) for r in await tx.q("outbox_failed_lock", {"queue": queue})
+            ]
+            if len(locked) != expected_total:
+                where = f" in queue {queue!r}" if queue is not None else ""
+                raise ReviewConflict(
+                    f"{len(locked)} events are PUBLISH_FAILED_RETRY{where}, not the "
+                    f"{expected_total} expected; preview again to see them"
+                )
+            event_ids = locked
+            if not locked:
+                return []
         rows = await tx.q(
             "outbox_redrive",
             {
@@ -331,13 +410,10 @@ async def redrive(
         )
         ids = [str(row["event_id"]) for row in rows]
         if ids:
-            await record(
-                tx,
-                who,
-                "outbox.redrive",
-                reason=reason,
-                details={"event_ids": ids, "queue": queue},
-            )
+            details: dict[str, Any] = {"event_ids": ids, "queue": queue}
+            if all_failed:
+                details.update({"all": True, "expected_total": expected_total})
+            await record(tx, who, "outbox.redrive", reason=reason, details=details)
     if ids:
         log.warning(
             "outbox events re-driven", extra={"events": len(ids), "by": actor, "reason": reason}

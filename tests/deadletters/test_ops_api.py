@@ -54,6 +54,7 @@ def routes(letter: int, replay: int) -> list[tuple[str, str, dict[str, Any] | No
         ("GET", "/v1/outbox/events", None, "viewer", False),
         ("GET", "/v1/outbox/events/00000000-0000-0000-0000-000000000000", None, "viewer", False),
         ("POST", "/v1/outbox/events/redrive", {"reason": "broker back"}, "operator", False),
+        ("GET", "/v1/outbox/events/redrive/preview", None, "operator", False),
     ]
 
 
@@ -95,7 +96,7 @@ async def test_every_route_denies_by_default(ops: OpsServer) -> None:
             assert (r.status_code, r.json()["code"]) == (413, "PAYLOAD_TOO_LARGE"), path
             checked += 1
         health = await anonymous.get("/healthz")
-    assert checked == 15
+    assert checked == 16
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     assert await audit_actions(ops.database_url) == before
     state = await query(
@@ -344,6 +345,7 @@ async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:
         "/v1/dead-letters/{letter_id}/replay",
         "/v1/outbox/events",
         "/v1/outbox/events/redrive",
+        "/v1/outbox/events/redrive/preview",
         "/v1/outbox/events/{event_id}",
         "/v1/replays",
         "/v1/replays/{replay_id}",

@@ -502,7 +502,9 @@ async def test_redrive_needs_failed_events_and_is_harmless_twice(pg_database: st
             "UPDATE core.outbox SET state = 'PUBLISH_FAILED_RETRY', attempts = 5 "
             "WHERE event_id = 'evt-failed'",
         )
-        first = await outbox.redrive(app.db, actor="bob", reason="broker back", queue="q")
+        first = await outbox.redrive(
+            app.db, actor="bob", reason="broker back", all_failed=True, queue="q", expected_total=1
+        )
         again = await outbox.redrive(
             app.db, actor="bob", reason="again", event_ids=["evt-failed", "evt-pending", "nope"]
         )

@@ -340,7 +340,8 @@ async def test_invalid_event_payload_ends_validation_failed(api_only: Ctx) -> No
 
 async def test_outbox_routes_need_an_unscoped_operator_to_redrive(running: Ctx) -> None:
     """The outbox routes on the service's API: a viewer lists, only an operator without a
-    partner scope re-drives (with a reason, audited), a partner-scoped one gets 403."""
+    partner scope previews and re-drives all failed events (with the confirmed count and a
+    reason, audited), a partner-scoped one gets 403."""
     ctx = running
     await ctx.post("acme", DOC, "key-ops")
     await eventually(
@@ -362,9 +363,10 @@ async def test_outbox_routes_need_an_unscoped_operator_to_redrive(running: Ctx) 
     viewer = await ctx.http.post(
         "/outbox/events/redrive", json={"reason": "x"}, headers=ctx.partner("viewer")
     )
+    preview = await ctx.http.get("/outbox/events/redrive/preview", headers=ctx.partner("operator"))
     done = await ctx.http.post(
         "/outbox/events/redrive",
-        json={"reason": "broker back"},
+        json={**preview.json()["confirm"], "reason": "broker back"},
         headers=ctx.partner("operator"),
     )
     audit = await query(

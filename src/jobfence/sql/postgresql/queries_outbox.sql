@@ -85,6 +85,22 @@ WITH redriven AS (
 )
 SELECT event_id, pg_notify('jobfence_outbox', '') AS notified FROM redriven
 
+-- name: outbox_failed_counts
+-- PUBLISH_FAILED_RETRY events per queue: the preview of re-driving all of them.
+SELECT queue, count(*) AS events
+FROM core.outbox
+WHERE state = 'PUBLISH_FAILED_RETRY' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+GROUP BY queue
+ORDER BY queue
+
+-- name: outbox_failed_lock
+-- The events a confirmed re-drive of all failed ones takes, locked until it commits.
+SELECT event_id
+FROM core.outbox
+WHERE state = 'PUBLISH_FAILED_RETRY' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY id
+FOR UPDATE
+
 -- name: outbox_list
 SELECT id, event_id, queue, ordering_key, correlation_id, state, attempts, next_attempt_at,
        last_error, created_at, published_at, octet_length(payload) AS payload_size

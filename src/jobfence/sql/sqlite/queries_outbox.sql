@@ -68,6 +68,21 @@ WHERE state = 'PUBLISH_FAILED_RETRY'
   AND (:queue IS NULL OR queue = :queue)
 RETURNING event_id
 
+-- name: outbox_failed_counts
+-- PUBLISH_FAILED_RETRY events per queue: the preview of re-driving all of them.
+SELECT queue, count(*) AS events
+FROM core_outbox
+WHERE state = 'PUBLISH_FAILED_RETRY' AND (:queue IS NULL OR queue = :queue)
+GROUP BY queue
+ORDER BY queue
+
+-- name: outbox_failed_lock
+-- The events a confirmed re-drive of all failed ones takes (the transaction holds the write lock).
+SELECT event_id
+FROM core_outbox
+WHERE state = 'PUBLISH_FAILED_RETRY' AND (:queue IS NULL OR queue = :queue)
+ORDER BY id
+
 -- name: outbox_list
 SELECT id, event_id, queue, ordering_key, correlation_id, state, attempts, next_attempt_at,
        last_error, created_at, published_at, length(payload) AS payload_size
