@@ -16,6 +16,7 @@ The tree::
         ├── AuthenticationError        AUTHENTICATION_ERROR one retry (for a token refresh)
         ├── AuthorizationError         AUTHORIZATION_ERROR no retry
         ├── TechnicalError             TECHNICAL_ERROR     limited retry
+        │   └── TransactionBoundaryError  the handler ended or aborted jobfence's transaction
         └── NonRetryableError          NON_RETRYABLE_ERROR straight to dead letters
 
     Retry                              control flow: "try again after this delay", no error log
@@ -168,6 +169,13 @@ class TechnicalError(HandlerError):
 
 class NonRetryableError(HandlerError):
     category = Category.NON_RETRYABLE_ERROR
+
+
+class TransactionBoundaryError(TechnicalError):
+    """The transaction jobfence lent a handler cannot be committed with the job's fence: the
+    handler ended, replaced or aborted it (SPEC H5). The job's work and fence roll back
+    together; the job is retried as a TECHNICAL_ERROR and then dead-lettered, with ``code``
+    ``TX_ABORTED``, ``TX_ENDED``, ``TX_CONTROL_REFUSED`` or ``TX_SESSION_CHANGED``."""
 
 
 class Retry(Exception):

@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any
 
 from .codec import Decoder, PoisonPayload
-from .db import Database, SyncTx, Tx, current_tx
+from .db import BatchLost, Database, SyncTx, Tx, current_tx
 from .db.postgres import PostgresDatabase
 from .errors import Category, Retry, classify, describe, error_code
 from .jobs import Delivery, Job
@@ -252,6 +252,8 @@ class Harness:
                     try:
                         async with batch.job() as tx:
                             await self._call(consumer, job, tx)
+                    except BatchLost:
+                        raise
                     except Exception as exc:
                         outcomes[index] = await self._failed_in_batch(
                             batch.tx, delivery, consumer, exc, notes
@@ -263,6 +265,17 @@ class Harness:
             for _, delivery, _, _ in screened:
                 await asyncio.shield(self._release(delivery))
             raise
+        except BatchLost as lost:
+            # a handler ended the batch's transaction (SPEC H5): nothing of the batch
+            # committed and every delivery is still ours; each job runs again on its own, so
+            # the culprit fails alone and the others commit
+            log.warning(
+                "a handler ended its group-commit transaction; running the batch's jobs one by one",
+                extra={"error": str(lost.problem)},
+            )
+            for index, delivery, _, _ in screened:
+                outcomes[index] = await self.handle(delivery)
+            return
         except Exception:
             if not started:
                 # nothing ran: let each delivery take the single path (and its error handling)
@@ -344,6 +357,9 @@ class Harness:
     async def _call(self, consumer: Consumer, job: Job[Any], tx: Tx) -> None:
         token = current_tx.set(tx)
         began = time.perf_counter()
+        guard = tx.guard
+        if guard is not None:
+            guard.active = True  # the handler holds jobfence's transaction (SPEC H5)
         try:
             if consumer.is_async:
                 result = consumer.handler(job, tx)
@@ -355,6 +371,8 @@ class Harness:
                 call = partial(ctx.run, consumer.handler, job, SyncTx(tx, loop))
                 await loop.run_in_executor(self.executor, call)
         finally:
+            if guard is not None:
+                guard.active = False
             current_tx.reset(token)
             took = time.perf_counter() - began
             last = self.handler_time

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
+import re
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from typing import Any, LiteralString
 
 from ..config import DatabaseURL
+from ..errors import TransactionBoundaryError
 from ..sql import Dialect, queries
 
 Params = Sequence[Any] | Mapping[str, Any] | None
@@ -23,15 +27,179 @@ Row = dict[str, Any]
 current_tx: contextvars.ContextVar[Tx | None] = contextvars.ContextVar("jobfence_tx", default=None)
 
 
+# -- the transaction boundary (SPEC H5) ----------------------------------------------------
+
+#: statements that end, replace or reshape a transaction; see :func:`control_statement`
+_CONTROL = re.compile(
+    r"""\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*
+    (?P<verb>begin|start\s+transaction|commit|end|rollback|abort|release|prepare\s+transaction
+       |discard|set\s+session\s+characteristics)\b
+    (?P<rest>[^;]*)""",
+    re.IGNORECASE | re.DOTALL | re.VERBOSE,
+)
+_SAVEPOINT_ARG = re.compile(r"\A\s*(?:to\s+)?(?:savepoint\s+)?\"?(?P<name>[A-Za-z0-9_]*)", re.I)
+#: savepoints jobfence itself sets (a handler may not release or roll back to them)
+SAVEPOINT_PREFIX = "jobfence_"
+_FIRST = frozenset("bBsScCeErRaApPdD-/ \t\r\n")
+
+
+def control_statement(sql: str) -> str | None:
+    """The transaction-control verb that ``sql`` starts with (``"COMMIT"``, ``"ROLLBACK"``…)
+    when running it would end, replace or reshape the transaction jobfence lent a handler;
+    else None. ``ROLLBACK TO``/``RELEASE`` of the handler's own savepoints are allowed."""
+    if not sql or sql[0] not in _FIRST:
+        return None
+    match = _CONTROL.match(sql)
+    if match is None:
+        return None
+    verb = " ".join(match["verb"].upper().split())
+    rest = match["rest"]
+    if verb == "RELEASE" or (verb == "ROLLBACK" and re.match(r"\s*to\b", rest, re.I)):
+        arg = _SAVEPOINT_ARG.match(rest)
+        name = arg["name"] if arg else ""
+        if not name.lower().startswith(SAVEPOINT_PREFIX):
+            return None
+        verb = f"{verb} {'TO ' if verb == 'ROLLBACK' else ''}SAVEPOINT {name}"
+    return verb
+
+
+def refusal(verb: str) -> TransactionBoundaryError:
+    return TransactionBoundaryError(
+        f"the handler ran {verb} on the transaction jobfence lent it; jobfence owns that "
+        "transaction (it holds the job's fence and commits it with the handler's work), so "
+        "the job's work was rolled back. Return normally to commit, raise to roll back, and "
+        "use `tx.savepoint()` to undo part of the work",
+        code="TX_CONTROL_REFUSED",
+    )
+
+
+@dataclass
+class TxGuard:
+    """What jobfence watches while a handler holds its transaction (SPEC H5).
+
+    ``active`` is set while the handler runs. A refused transaction-control statement, or a
+    failed statement the handler carried on after (outside a savepoint), fails the job even
+    when the handler caught the exception: its work and its fence roll back together.
+    """
+
+    active: bool = False
+    refused: str | None = None
+    #: how the transaction ended, when a handler's statement found it already ended
+    ended: str | None = None
+    #: (savepoint depth, description) of statements that failed while the handler ran
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    depth: int = 0
+
+    def screen(self, sql: str) -> None:
+        """Refuse a transaction-control statement while the handler runs."""
+        if not self.active:
+            return
+        verb = control_statement(sql)
+        if verb is not None:
+            self.refused = self.refused or verb
+            raise refusal(verb)
+
+    def outside(self, how: str) -> None:
+        """A handler's statement would run after its transaction ended (and so commit on its
+        own, without the fence): refuse it."""
+        self.ended = self.ended or how
+        raise ended(how)
+
+    def failed(self, exc: BaseException) -> None:
+        if self.active and not isinstance(exc, TransactionBoundaryError):
+            self.failures.append((self.depth, f"{type(exc).__name__}: {exc}".strip()))
+
+    @contextmanager
+    def internal(self) -> Iterator[None]:
+        """jobfence's own statements inside a lent transaction pass unscreened."""
+        active, self.active = self.active, False
+        try:
+            yield
+        finally:
+            self.active = active
+
+    def problem(self, *, track_failures: bool) -> TransactionBoundaryError | None:
+        """Why the transaction must not be committed, as seen from the client side."""
+        if self.refused is not None:
+            return refusal(self.refused)
+        if self.ended is not None:
+            return ended(self.ended)
+        if track_failures and self.failures:
+            return aborted(self.failures[0][1], caught=True)
+        return None
+
+
+def aborted(error: str | None, *, caught: bool) -> TransactionBoundaryError:
+    what = f" ({error.splitlines()[0][:300]})" if error else ""
+    return TransactionBoundaryError(
+        f"a statement failed inside the handler's transaction{what} and the handler "
+        + ("caught the error and returned normally" if caught else "returned normally")
+        + "; the transaction cannot commit, so the job's work and its fence were rolled back. "
+        "Let the error propagate, or run the statement inside `tx.savepoint()` to undo it "
+        "alone and carry on",
+        code="TX_ABORTED",
+    )
+
+
+def ended(how: str) -> TransactionBoundaryError:
+    return TransactionBoundaryError(
+        f"the transaction jobfence lent the handler was {how} before jobfence committed it; "
+        "the job's work and its fence were not committed together, so the job fails and "
+        "runs again. A handler must not end or replace the transaction it is given",
+        code="TX_ENDED",
+    )
+
+
+class BatchLost(Exception):
+    """A handler ended a whole group-commit transaction (or released past its savepoint):
+    no job of the batch committed; the harness runs each of them again on its own."""
+
+    def __init__(self, problem: TransactionBoundaryError) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
+
+
+_savepoints = itertools.count(1)
+
+
 class Tx(ABC):
     """An open transaction. Handlers use ``execute``/``fetchone``/``fetchall`` with the
     driver's own placeholders (``%s`` on PostgreSQL, ``?`` on SQLite; see ``paramstyle``).
     ``connection`` is the driver's connection (psycopg ``AsyncConnection`` or aiosqlite
     ``Connection``) for anything else.
+
+    The transaction belongs to jobfence (SPEC H5): a handler may not commit, roll back, end
+    or replace it, on ``tx`` or on ``connection`` (such statements are refused and fail the
+    job). ``savepoint()`` undoes part of the work.
     """
 
     dialect: Dialect
     paramstyle: str
+    #: set on transactions lent to handlers
+    guard: TxGuard | None = None
+
+    @asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[Tx]:
+        """A savepoint: if the block raises, its statements are undone and the error goes on;
+        the rest of the transaction (and the job) carries on if the handler catches it."""
+        name = f"{SAVEPOINT_PREFIX}sp_{next(_savepoints)}"
+        guard = self.guard or TxGuard()
+        with guard.internal():
+            await self.execute(f"SAVEPOINT {name}")
+        guard.depth += 1
+        depth = guard.depth
+        try:
+            yield self
+        except BaseException:
+            guard.depth = depth - 1
+            guard.failures = [f for f in guard.failures if f[0] < depth]
+            with guard.internal():
+                await self.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                await self.execute(f"RELEASE SAVEPOINT {name}")
+            raise
+        guard.depth = depth - 1
+        with guard.internal():
+            await self.execute(f"RELEASE SAVEPOINT {name}")
 
     @property
     @abstractmethod
@@ -92,6 +260,18 @@ class SyncTx:
     def fetchone(self, sql: str, params: Params = None) -> tuple[Any, ...] | None:
         result: tuple[Any, ...] | None = self._run(self._tx.fetchone(sql, params))
         return result
+
+    @contextmanager
+    def savepoint(self) -> Iterator[SyncTx]:
+        """See :meth:`Tx.savepoint`."""
+        manager = self._tx.savepoint()
+        self._run(manager.__aenter__())
+        try:
+            yield self
+        except BaseException as exc:
+            self._run(manager.__aexit__(type(exc), exc, exc.__traceback__))
+            raise
+        self._run(manager.__aexit__(None, None, None))
 
 
 class Database(ABC):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import os
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, LiteralString
+from typing import Any, LiteralString, Self
 
 import psycopg
 from psycopg import AsyncClientCursor
@@ -17,8 +19,18 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ..errors import DatabaseUnavailable
-from . import Database, Params, Row, Tx
+from ..errors import DatabaseUnavailable, TransactionBoundaryError
+from . import (
+    SAVEPOINT_PREFIX,
+    BatchLost,
+    Database,
+    Params,
+    Row,
+    Tx,
+    TxGuard,
+    aborted,
+    ended,
+)
 
 log = logging.getLogger("jobfence.db")
 
@@ -26,6 +38,155 @@ log = logging.getLogger("jobfence.db")
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# -- the transaction boundary (SPEC H5) ----------------------------------------------------
+#
+# A handler gets jobfence's transaction and its psycopg connection. Three layers keep the
+# fence and the work together whatever the handler does with them:
+#   1. the connection's cursors and its commit()/rollback() refuse transaction control while
+#      a handler runs (a clear error, and the job fails even if the handler catches it);
+#   2. before COMMIT, the client-side transaction status: aborted (a failed statement the
+#      handler caught) or ended (a ROLLBACK that slipped past) fails the job;
+#   3. in the server: core.fence_commit() proves the transaction being committed is the one
+#      jobfence began, with the session's transaction defaults unchanged, and a deferred
+#      constraint trigger on the fence refuses any COMMIT that jobfence did not issue (so a
+#      COMMIT hidden in a multi-statement string rolls back the fence and the work together).
+
+#: SQLSTATEs raised by core.fence_guard / core.fence_commit (migration 0004)
+_GUARD_STATES = {
+    "JF001": "committed by someone other than jobfence (the commit was refused)",
+    "JF002": "ended or replaced",
+}
+_SESSION_CHANGED = "JF003"
+_tokens = itertools.count(1)
+_PID = os.getpid()
+
+
+def _query_text(query: Any, conn: psycopg.AsyncConnection[Any]) -> str:
+    if isinstance(query, str):
+        return query
+    if isinstance(query, bytes | bytearray | memoryview):
+        return bytes(query[:512]).decode("utf-8", "replace")
+    if isinstance(query, pgsql.Composable):
+        return query.as_string(conn)
+    return ""  # a template string: its static text decides nothing here
+
+
+def _boundary_error(exc: psycopg.Error) -> TransactionBoundaryError | None:
+    """jobfence's own server-side guards, as the job failure they stand for."""
+    state = exc.sqlstate or ""
+    if state in _GUARD_STATES:
+        return ended(_GUARD_STATES[state])
+    if state == _SESSION_CHANGED:
+        return TransactionBoundaryError(
+            "the handler changed the session's default transaction characteristics (SET "
+            "SESSION CHARACTERISTICS or default_transaction_*), which would leak into the jobs "
+            "that reuse the connection; the job's work and its fence were rolled back",
+            code="TX_SESSION_CHANGED",
+        )
+    return None
+
+
+class GuardedCursor(psycopg.AsyncCursor[Any]):
+    """The cursor of jobfence's connections: while a handler holds the transaction,
+    transaction control is refused and failed statements are noted (layer 1)."""
+
+    def _guard(self) -> TxGuard | None:
+        guard: TxGuard | None = getattr(self._conn, "jobfence_guard", None)
+        return guard if guard is not None and guard.active else None
+
+    def _inside(self, guard: TxGuard) -> None:
+        """Refuse a statement that would run outside jobfence's transaction: on this
+        autocommit connection it would commit on its own, without the fence."""
+        if self._conn.pgconn.transaction_status == TransactionStatus.IDLE:
+            guard.outside("ended by a statement jobfence could not see")
+
+    async def execute(self, query: Any, params: Params = None, **kwargs: Any) -> Self:
+        guard = self._guard()
+        if guard is None:
+            return await super().execute(query, params, **kwargs)
+        guard.screen(_query_text(query, self._conn))
+        self._inside(guard)
+        try:
+            return await super().execute(query, params, **kwargs)
+        except Exception as exc:
+            guard.failed(exc)
+            raise
+
+    async def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        guard = self._guard()
+        if guard is None:
+            return await super().executemany(query, params_seq, **kwargs)
+        guard.screen(_query_text(query, self._conn))
+        self._inside(guard)
+        try:
+            return await super().executemany(query, params_seq, **kwargs)
+        except Exception as exc:
+            guard.failed(exc)
+            raise
+
+    async def stream(
+        self, query: Any, params: Params = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        guard = self._guard()
+        if guard is not None:
+            guard.screen(_query_text(query, self._conn))
+            self._inside(guard)
+        async for row in super().stream(query, params, **kwargs):
+            yield row
+
+
+class GuardedConnection(psycopg.AsyncConnection[Any]):
+    """A pooled connection of jobfence's (see :class:`GuardedCursor`)."""
+
+    jobfence_guard: TxGuard | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = GuardedCursor
+
+    def _screen(self, verb: str) -> None:
+        guard = self.jobfence_guard
+        if guard is not None:
+            guard.screen(verb)
+
+    async def commit(self) -> None:
+        self._screen("COMMIT")
+        await super().commit()
+
+    async def rollback(self) -> None:
+        self._screen("ROLLBACK")
+        await super().rollback()
+
+
+def _lend(conn: psycopg.AsyncConnection[Any], tx: PgTx) -> TxGuard:
+    guard = TxGuard()
+    tx.guard = guard
+    if isinstance(conn, GuardedConnection):
+        conn.jobfence_guard = guard
+    return guard
+
+
+def _unlend(conn: psycopg.AsyncConnection[Any]) -> None:
+    if isinstance(conn, GuardedConnection):
+        conn.jobfence_guard = None
+
+
+def _status_problem(
+    conn: psycopg.AsyncConnection[Any], guard: TxGuard
+) -> TransactionBoundaryError | None:
+    """Layers 1 and 2: what the client side knows before COMMIT."""
+    problem = guard.problem(track_failures=False)
+    if problem is not None:
+        return problem
+    status = conn.pgconn.transaction_status
+    if status == TransactionStatus.INERROR:
+        first = guard.failures[0][1] if guard.failures else None
+        return aborted(first, caught=first is not None)
+    if status == TransactionStatus.IDLE:
+        return ended("committed or rolled back")
+    return None
 
 
 class PgTx(Tx):
@@ -89,12 +250,13 @@ class PgPipelineTx(PgTx):
         super().__init__(conn, sql)
         self._pipeline = pipeline
         self.savepoint_due = False  # a job runs and its SAVEPOINT is not queued yet
+        self.savepoint_name = b"jobfence_job"
 
     @property
     def connection(self) -> psycopg.AsyncConnection[Any]:
         if self.savepoint_due:
             self.savepoint_due = False
-            _queue_command(self._pipeline, self._conn, b"SAVEPOINT jobfence_job")
+            _queue_command(self._pipeline, self._conn, b"SAVEPOINT " + self.savepoint_name)
         return self._conn
 
     @property
@@ -148,49 +310,92 @@ class PgBatch:
         self._conn = conn
         self._pipeline = pipeline
         self._lazy = _can_queue(pipeline)
+        self._jobs = 0
 
     @asynccontextmanager
     async def job(self) -> AsyncIterator[Tx]:
         """A savepoint for one job, rolled back if the block raises (the batch's other jobs
         are untouched).
 
-        Savepoints are not released: each job's SAVEPOINT nests in the previous one and
-        ``ROLLBACK TO`` always reaches the newest, this job's, so a RELEASE per job would be
-        one more statement for nothing. (Batches stay at or below 64 jobs, PostgreSQL's cache
-        of subtransaction ids per backend, beyond which every snapshot gets slower.)
+        Savepoints are not released: each job's SAVEPOINT nests in the previous one, and each
+        has its own name, so ``ROLLBACK TO`` reaches this job's and no earlier one (a RELEASE
+        per job would be one more statement for nothing). (Batches stay at or below 64
+        jobs, PostgreSQL's cache of subtransaction ids per backend, beyond which every
+        snapshot gets slower.)
 
         The SAVEPOINT is neither sent nor even queued until the job first touches the
         connection (see :class:`PgPipelineTx`): a job that runs no statement has nothing to
         roll back and costs the server nothing. Sending one SAVEPOINT per job cost about 30 % of
         the no-op workload's throughput. (With a psycopg whose pipeline has no command
         queue, the SAVEPOINT is executed up front.)"""
+        self._jobs += 1
+        name = f"{SAVEPOINT_PREFIX}job_{self._jobs}"
+        self.tx.savepoint_name = name.encode()
+        guard = _lend(self._conn, self.tx)
         if self._lazy:
             self.tx.savepoint_due = True
         else:
-            await self._conn.execute("SAVEPOINT jobfence_job")
+            await self._conn.execute(f"SAVEPOINT {name}")
         queued = self._queued()
         try:
             yield self.tx
+            guard.active = False
             now_queued = self._queued()
             if queued is None or now_queued is None or now_queued > queued:
                 # the handler left statements unsynced (raw connection use): their errors
                 # are this job's, so collect them before the job counts as done
                 await self._pipeline.sync()
-        except BaseException:
+            problem = _status_problem(self._conn, guard)
+            if problem is not None:
+                raise problem
+        except BaseException as exc:
+            guard.active = False
+            if self._conn.pgconn.transaction_status == TransactionStatus.IDLE:
+                # the handler ended the batch's transaction: no savepoint to return to, and
+                # the other jobs' work is gone too; the harness re-runs them
+                raise BatchLost(ended("ended (it was the whole batch's transaction)")) from exc
             if not self.tx.savepoint_due:  # the job touched the connection: undo its work
                 with contextlib.suppress(psycopg.Error):
                     await self._pipeline.sync()  # clear a pending error before rolling back
-                await self._conn.execute("ROLLBACK TO SAVEPOINT jobfence_job")
-                await self._pipeline.sync()
+                try:
+                    await self._conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                    await self._pipeline.sync()
+                except psycopg.Error as rollback_error:
+                    # the job's savepoint is gone (released by the handler): the batch
+                    # cannot undo this job alone
+                    raise BatchLost(ended("released past its savepoint")) from rollback_error
             raise
         finally:
             self.tx.savepoint_due = False
+            _unlend(self._conn)
 
     def _queued(self) -> int | None:
         """Statements sent but not yet synced (psycopg's pipeline keeps them in
         ``result_queue``); None when unknown, and then the job syncs (one round trip)."""
         pending = getattr(self._pipeline, "result_queue", None)
         return len(pending) if pending is not None else None
+
+
+def _token() -> str:
+    """Names one lent transaction (core.fence_begin / core.fence_commit)."""
+    return f"{_PID}.{next(_tokens)}"
+
+
+async def _commit(
+    conn: psycopg.AsyncConnection[Any],
+    sql: Mapping[str, LiteralString],
+    params: Mapping[str, Any],
+) -> None:
+    """Layer 3 and COMMIT in one round trip: core.fence_commit raises (and the COMMIT is not
+    reached) unless this is the transaction jobfence began, its session defaults unchanged."""
+    try:
+        async with AsyncClientCursor(conn) as cur:
+            await cur.execute(sql["lend_commit_and_commit"], params)
+    except psycopg.Error as exc:
+        problem = _boundary_error(exc)
+        if problem is not None:
+            raise problem from exc
+        raise
 
 
 async def _named(
@@ -223,6 +428,7 @@ class PostgresDatabase(Database):
         await conn.close()
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             self.url.target,
+            connection_class=GuardedConnection,
             min_size=min(2, max_size),
             max_size=max_size,
             kwargs={"autocommit": True},
@@ -262,9 +468,12 @@ class PostgresDatabase(Database):
         self, steps: Sequence[str], params: Mapping[str, Any]
     ) -> AsyncIterator[tuple[Tx, list[list[Row]]]]:
         """BEGIN and the steps go to the server as one query (client-side binding, one round
-        trip); the handler's statements follow on the same connection; then COMMIT."""
-        query = "; ".join(["BEGIN", *(self.sql[step] for step in steps)])
+        trip); the handler's statements follow on the same connection; then the checks of
+        the transaction boundary and COMMIT, again in one round trip."""
+        query = "; ".join(["BEGIN", self.sql["lend_begin"], *(self.sql[s] for s in steps)])
+        params = {**params, "jobfence_tx": _token()}
         async with self._connection() as conn:
+            tx = PgTx(conn, self.sql)
             try:
                 results: list[list[Row]] = []
                 async with AsyncClientCursor(conn, row_factory=dict_row) as cur:
@@ -274,13 +483,20 @@ class PostgresDatabase(Database):
                             results.append(await cur.fetchall())
                         if not cur.nextset():
                             break
-                yield PgTx(conn, self.sql), results
-                await conn.execute("COMMIT")
+                guard = _lend(conn, tx)
+                yield tx, results[1:]
+                guard.active = False
+                problem = _status_problem(conn, guard)
+                if problem is not None:
+                    raise problem
+                await _commit(conn, self.sql, params)
             except BaseException:
                 if conn.info.transaction_status != TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):
                         await asyncio.shield(conn.execute("ROLLBACK"))
                 raise
+            finally:
+                _unlend(conn)
 
     @asynccontextmanager
     async def batch(
@@ -288,16 +504,26 @@ class PostgresDatabase(Database):
     ) -> AsyncIterator[tuple[PgBatch, list[Row]]]:
         """Group commit: BEGIN and ``step`` in one round trip, then the jobs (see
         :meth:`PgBatch.job`), then COMMIT — all on one connection in pipeline mode."""
+        token = {"jobfence_tx": _token()}
         async with self._connection() as conn:
             try:
                 async with conn.pipeline() as pipeline:
                     await conn.execute("BEGIN")
+                    await conn.execute(self.sql["lend_begin"], token)
                     cur = conn.cursor(row_factory=dict_row)
                     await cur.execute(self.sql[step], params)
                     await pipeline.sync()
                     rows = await cur.fetchall()
                     yield PgBatch(conn, pipeline, self.sql), rows
-                    await conn.execute("COMMIT")
+                    try:
+                        await conn.execute(self.sql["lend_commit"], token)
+                        await conn.execute("COMMIT")
+                        await pipeline.sync()
+                    except psycopg.Error as exc:
+                        problem = _boundary_error(exc)
+                        if problem is not None:
+                            raise BatchLost(problem) from exc
+                        raise
             except BaseException:
                 if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):

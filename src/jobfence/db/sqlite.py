@@ -10,16 +10,55 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 
 import aiosqlite
 
-from ..errors import DatabaseUnavailable
-from . import Database, Params, Row, Tx
+from ..errors import DatabaseUnavailable, TransactionBoundaryError
+from . import SAVEPOINT_PREFIX, Database, Params, Row, Tx, TxGuard, ended, refusal
 
 BUSY_TIMEOUT_MS = 30_000
+T = TypeVar("T")
+
+# jobfence's own transaction control, spelled apart from anything a handler would write: the
+# sqlite3 module caches prepared statements by their text, and the authorizer (below) is only
+# consulted when a statement is prepared
+_BEGIN = "BEGIN IMMEDIATE -- jobfence"
+_COMMIT = "COMMIT -- jobfence"
+_ROLLBACK = "ROLLBACK -- jobfence"
+
+
+class _Lent:
+    """The guard of the transaction a connection has lent to a handler, if any."""
+
+    __slots__ = ("guard",)
+
+    def __init__(self) -> None:
+        self.guard: TxGuard | None = None
+
+    def authorize(
+        self, action: int, arg1: str | None, arg2: str | None, _db: str | None, _trigger: str | None
+    ) -> int:
+        """SQLite's authorizer (SPEC H5): while a handler holds the transaction, refuse
+        BEGIN/COMMIT/END/ROLLBACK, on ``tx`` or the raw connection (``commit()`` and
+        ``rollback()`` included), and releasing or rolling back to jobfence's savepoints."""
+        guard = self.guard
+        if guard is None or not guard.active:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_TRANSACTION:
+            verb = (arg1 or "").upper()
+        elif (
+            action == sqlite3.SQLITE_SAVEPOINT
+            and (arg1 or "").upper() in ("RELEASE", "ROLLBACK")
+            and (arg2 or "").lower().startswith(SAVEPOINT_PREFIX)
+        ):
+            verb = f"{arg1} SAVEPOINT {arg2}".upper()
+        else:
+            return sqlite3.SQLITE_OK
+        guard.refused = guard.refused or verb
+        return sqlite3.SQLITE_DENY
 
 
 class SqliteTx(Tx):
@@ -35,13 +74,40 @@ class SqliteTx(Tx):
         return self._conn
 
     async def execute(self, sql: str, params: Params = None) -> int:
-        async with self._conn.execute(sql, params or ()) as cur:
-            await cur.fetchall()  # step to completion (RETURNING, triggers)
-            return int(cur.rowcount)
+        async def run() -> int:
+            async with self._conn.execute(sql, params or ()) as cur:
+                await cur.fetchall()  # step to completion (RETURNING, triggers)
+                return int(cur.rowcount)
+
+        return await self._guarded(sql, run)
 
     async def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
-        async with self._conn.execute(sql, params or ()) as cur:
-            return [tuple(row) for row in await cur.fetchall()]
+        async def run() -> list[tuple[Any, ...]]:
+            async with self._conn.execute(sql, params or ()) as cur:
+                return [tuple(row) for row in await cur.fetchall()]
+
+        return await self._guarded(sql, run)
+
+    async def _guarded(self, sql: str, run: Callable[[], Awaitable[T]]) -> T:
+        """A handler's statement: transaction control is refused with a clear error, and a
+        failed statement is noted (SQLite undoes only that statement, but jobfence fails
+        the job as PostgreSQL would, unless the handler ran it inside ``tx.savepoint()``)."""
+        guard = self.guard
+        if guard is None or not guard.active:
+            return await run()
+        guard.screen(sql)
+        if not self._conn.in_transaction:
+            guard.outside("rolled back (e.g. by INSERT OR ROLLBACK)")
+        try:
+            return await run()
+        except sqlite3.DatabaseError as exc:
+            if guard.refused is not None and "not authorized" in str(exc):
+                raise refusal(guard.refused) from exc
+            guard.failed(exc)
+            raise
+        except Exception as exc:
+            guard.failed(exc)
+            raise
 
     async def q(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         return await _named(self._conn, self._sql[name], params)
@@ -76,7 +142,7 @@ async def _settle(conn: aiosqlite.Connection) -> None:
     (it runs to completion there): a statement queued behind it waits for it first."""
     await conn.execute("SELECT 1")
     if conn.in_transaction:
-        await conn.execute("ROLLBACK")
+        await conn.execute(_ROLLBACK)
 
 
 async def _named(
@@ -90,6 +156,14 @@ async def _named(
         return [dict(zip(names, row, strict=True)) for row in rows]
 
 
+def _problem(conn: aiosqlite.Connection, guard: TxGuard) -> TransactionBoundaryError | None:
+    problem = guard.problem(track_failures=True)
+    if problem is None and not conn.in_transaction:
+        # e.g. INSERT OR ROLLBACK, or an I/O error: SQLite rolled the whole transaction back
+        problem = ended("rolled back")
+    return problem
+
+
 class SQLiteDatabase(Database):
     dialect = "sqlite"
 
@@ -99,6 +173,7 @@ class SQLiteDatabase(Database):
         self._all: list[aiosqlite.Connection] = []
         self._lock: asyncio.Lock | None = None
         self._opened = False
+        self._lent: dict[aiosqlite.Connection, _Lent] = {}
 
     async def open(self, max_size: int = 10) -> None:
         if self._opened:
@@ -120,13 +195,17 @@ class SQLiteDatabase(Database):
             await conn.execute("PRAGMA journal_mode = WAL")
             await conn.execute("PRAGMA synchronous = FULL")
             await conn.execute("PRAGMA foreign_keys = ON")
+            lent = _Lent()
+            await conn.set_authorizer(lent.authorize)
         except sqlite3.Error as exc:
             raise DatabaseUnavailable(f"cannot open {self.display}: {exc}") from None
+        self._lent[conn] = lent
         self._all.append(conn)
         return conn
 
     async def close(self) -> None:
         conns, self._all, self._idle = self._all, [], []
+        self._lent.clear()
         for conn in conns:
             await conn.close()
         self._opened = False
@@ -151,9 +230,9 @@ class SQLiteDatabase(Database):
     async def transaction(self) -> AsyncIterator[Tx]:
         async with self.lock, self._connection() as conn:
             try:
-                await conn.execute("BEGIN IMMEDIATE")
+                await conn.execute(_BEGIN)
                 yield SqliteTx(conn, self.sql)
-                await conn.execute("COMMIT")
+                await conn.execute(_COMMIT)
             except BaseException:
                 await asyncio.shield(_settle(conn))
                 raise
@@ -162,8 +241,26 @@ class SQLiteDatabase(Database):
     async def work(
         self, steps: Sequence[str], params: Mapping[str, Any]
     ) -> AsyncIterator[tuple[Tx, list[list[Row]]]]:
-        async with self.transaction() as tx:
-            yield tx, [await tx.q(step, params) for step in steps]
+        """The transaction lent to a handler: the fence steps first, then the handler; before
+        COMMIT the boundary is checked (SPEC H5)."""
+        async with self.lock, self._connection() as conn:
+            lent = self._lent[conn]
+            tx = SqliteTx(conn, self.sql)
+            try:
+                await conn.execute(_BEGIN)
+                results = [await tx.q(step, params) for step in steps]
+                tx.guard = lent.guard = TxGuard()
+                yield tx, results
+                tx.guard.active = False
+                problem = _problem(conn, tx.guard)
+                if problem is not None:
+                    raise problem
+                await conn.execute(_COMMIT)
+            except BaseException:
+                await asyncio.shield(_settle(conn))
+                raise
+            finally:
+                lent.guard = None
 
     async def run(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         async with self.lock, self._connection() as conn:

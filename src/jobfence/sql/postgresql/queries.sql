@@ -248,3 +248,14 @@ VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(attempts)s,
 -- name: copy_jobs
 -- Bulk enqueue (no delays): binary COPY; run_at and enqueued_at take their defaults.
 COPY core.jobs (queue, job_id, correlation_id, payload) FROM STDIN (FORMAT BINARY)
+
+-- name: lend_begin
+-- Names the transaction jobfence lends a handler (SPEC H5): core.fence_commit() checks it,
+-- and the fence's deferred guard trigger fires only for fences written under this name.
+SELECT core.fence_begin(%(jobfence_tx)s)
+
+-- name: lend_commit
+SELECT core.fence_commit(%(jobfence_tx)s)
+
+-- name: lend_commit_and_commit
+SELECT core.fence_commit(%(jobfence_tx)s); COMMIT
