@@ -352,3 +352,32 @@ async def test_group_commit_a_hidden_commit_costs_the_batch_a_rerun_not_an_effec
     assert runs == {"ok-0": 2, "bad": 3, "ok-1": 1}
     async with app:
         assert await scalar(pg_ledger, "SELECT count(*) FROM core.jobs") == 0
+
+
+async def test_def_handlers_get_the_same_boundary(ledger: str) -> None:
+    """A plain ``def`` handler (run in a thread, on ``SyncTx``): a swallowed failed statement
+    fails its job; ``with tx.savepoint():`` undoes one statement and the job commits."""
+    app = App(ledger)
+    p = "%s" if ledger.startswith("postgresql") else "?"
+    sql = f"INSERT INTO ledger (job_id, member_id, points) VALUES ({p}, {p}, {p})"
+
+    @app.consumer("q", retry=ONE_RETRY)
+    def handle(job: Job[Any], tx: Any) -> None:
+        tx.execute(sql, (job.job_id, "m", 1))
+        if job.job_id == "swallow":
+            with contextlib.suppress(Exception):
+                tx.execute("SELECT * FROM no_such_table")
+        else:
+            with contextlib.suppress(Exception), tx.savepoint():
+                tx.execute(sql, (job.job_id, "m", 99))
+                tx.execute("SELECT * FROM no_such_table")
+            tx.execute(sql, (job.job_id, "m", 2))
+
+    async with app:
+        await app.enqueue_many([app.job("q", {}, job_id=j) for j in ("savepoint", "swallow")])
+        async with RunningWorker(app, concurrency=2) as w:
+            await eventually(lambda: w.stats.handled >= 3, what="three outcomes")
+    result = await outcome_of(ledger)
+    assert result["effects"] == [("savepoint", 1), ("savepoint", 2)]
+    assert result["fences"] == 1
+    assert [(row[0], row[3]) for row in result["letters"]] == [("swallow", "TX_ABORTED")]
