@@ -493,6 +493,12 @@ def discard(
         raise SystemExit(1)
 
 
+def _transition(entry: service.AuditEntry) -> str:
+    if entry.old_state is None and entry.new_state is None:
+        return ""
+    return f"{entry.old_state or '∅'} → {entry.new_state or '∅'}"
+
+
 @dead_letters.command("audit")
 @database_option
 @click.option("--dead-letter", "dead_letter_id", type=int, help="Only this letter.")
@@ -539,6 +545,7 @@ def audit(
         "action",
         "letter",
         "replay",
+        "transition",
         "reason",
         "details",
     ):
@@ -552,6 +559,7 @@ def audit(
             e.action,
             str(e.dead_letter_id or ""),
             str(e.replay_id or ""),
+            _transition(e),
             e.reason or "",
             json.dumps(e.details, ensure_ascii=False) if e.details else "",
         )
@@ -740,6 +748,7 @@ def token_create(
                     "ops.token.create",
                     partner=partner,
                     details={"name": name, "role": role, "expires_in": expires_in},
+                    new_state="active",
                 )
             return token
 
@@ -801,7 +810,12 @@ def token_revoke(name: str, database_url: str | None, actor: str) -> None:
             if done:
                 async with app.db.transaction() as tx:
                     await service.record(
-                        tx, service.Actor(actor, "cli"), "ops.token.revoke", details={"name": name}
+                        tx,
+                        service.Actor(actor, "cli"),
+                        "ops.token.revoke",
+                        details={"name": name},
+                        old_state="active",
+                        new_state="revoked",
                     )
             return done
 

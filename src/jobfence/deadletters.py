@@ -184,6 +184,8 @@ class AuditEntry:
     replay_id: int | None
     reason: str | None
     details: dict[str, Any]
+    old_state: str | None = None  # the transition the action made (None: none, or before
+    new_state: str | None = None  # audit rows recorded it)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "at": self.at.isoformat()}
@@ -329,6 +331,8 @@ def _entry(row: Mapping[str, Any]) -> AuditEntry:
         replay_id=row["replay_id"],
         reason=row["reason"],
         details=dict(details or {}),
+        old_state=row.get("old_state"),
+        new_state=row.get("new_state"),
     )
 
 
@@ -359,8 +363,12 @@ async def record(
     partner: str | None = None,
     reason: str | None = None,
     details: Mapping[str, Any] | None = None,
+    old_state: str | None = None,
+    new_state: str | None = None,
 ) -> int:
-    """Append one audit row in ``tx`` (commits or rolls back with the action it records)."""
+    """Append one audit row in ``tx`` (commits or rolls back with the action it records).
+    ``old_state`` → ``new_state`` is the transition the action made (None where there is no
+    such state, e.g. before a replay existed)."""
     rows = await tx.q(
         "audit_insert",
         {
@@ -372,6 +380,8 @@ async def record(
             "replay_id": replay_id,
             "reason": reason,
             "details": json.dumps(dict(details or {})),
+            "old_state": old_state,
+            "new_state": new_state,
         },
     )
     return int(rows[0]["id"])
@@ -502,6 +512,7 @@ async def discard(db: Database, letter_id: int, *, actor: Actor, reason: str) ->
                 "reason": why,
                 "details": json.dumps({"outcome": "discarded"}),
                 "ids": _ids(db.dialect, [letter_id]),
+                "old_state": "pending_review",
             },
         )
     letter = await Store(db).get_dead_letter(letter_id)
@@ -622,6 +633,7 @@ async def _replay_ids(
                         "reason": reason,
                         "details": json.dumps({"outcome": outcome}),
                         "ids": _ids(db.dialect, letters),
+                        "old_state": "pending_review",
                     },
                 )
         if replay_id is not None:
@@ -713,6 +725,7 @@ async def preview_replay(
             replay_id=replay_id,
             partner=actor.partner,
             details={"total": total, "filter": criteria},
+            new_state="previewed",
         )
         status = await _replay_row(tx, replay_id)
     return ReplayPreview(
@@ -844,6 +857,8 @@ async def start_replay(
             replay_id=replay_id,
             partner=row["partner"],
             details={"total": int(row["total"]), "runner": runner},
+            old_state=row["state"],
+            new_state="running",
         )
     return await replay_status(db, replay_id, actor=actor)
 
@@ -906,6 +921,8 @@ async def execute_replay(
                 replay_id=replay_id,
                 partner=status.partner,
                 details={"counts": counts},
+                old_state="running",
+                new_state="done",
             )
     return await replay_status(db, replay_id, actor=actor)
 

@@ -413,7 +413,15 @@ async def redrive(
             details: dict[str, Any] = {"event_ids": ids, "queue": queue}
             if all_failed:
                 details.update({"all": True, "expected_total": expected_total})
-            await record(tx, who, "outbox.redrive", reason=reason, details=details)
+            await record(
+                tx,
+                who,
+                "outbox.redrive",
+                reason=reason,
+                details=details,
+                old_state=PUBLISH_FAILED_RETRY,
+                new_state=PENDING,
+            )
     if ids:
         log.warning(
             "outbox events re-driven", extra={"events": len(ids), "by": actor, "reason": reason}

@@ -162,7 +162,10 @@ async def test_every_write_leaves_an_audit_row(ops: OpsServer) -> None:
         ("otto", "dead_letter.replay", letters["globex"]),
         ("otto", "replay.finish", None),
     ]
-    assert [e["action"] for e in log.json()["items"]][:2] == ["replay.finish", "dead_letter.replay"]
+    assert [(e["action"], e["old_state"], e["new_state"]) for e in log.json()["items"]][:2] == [
+        ("replay.finish", "running", "done"),
+        ("dead_letter.replay", "pending_review", "replayed"),
+    ]
     assert [(e["actor"], e["via"]) for e in acme_log.json()["items"]] == [("acme-ops", "api")]
 
 

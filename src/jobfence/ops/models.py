@@ -90,6 +90,10 @@ class AuditRow(BaseModel):
     replay_id: int | None
     reason: str | None
     details: dict[str, Any]
+    old_state: str | None = Field(
+        default=None, description="The state before the action (null: none, or not recorded)."
+    )
+    new_state: str | None = Field(default=None, description="The state the action left.")
 
     @classmethod
     def of(cls, entry: AuditEntry) -> AuditRow:

@@ -1,5 +1,6 @@
 -- Declared schema for dead-letter review, audit, replays, fence cleanup, alerts and ops
--- tokens (on top of schema.sql). migrations/0002_review_alerts_ops.sql produces exactly this.
+-- tokens (on top of schema.sql). migrations/0002_review_alerts_ops.sql and
+-- 0005_audit_transitions_keep_decided.sql produce exactly this.
 
 -- Review of a dead letter: pending_review → replayed | discarded, final once decided.
 ALTER TABLE core.dead_letters
@@ -26,7 +27,27 @@ CREATE TRIGGER dead_letters_review_final BEFORE UPDATE ON core.dead_letters
     FOR EACH ROW WHEN (OLD.status <> 'pending_review')
     EXECUTE FUNCTION core.dead_letters_review_final();
 
--- Who did what, when and why: append-only.
+-- …and it is never deleted (no role can; TRUNCATE neither). Only the owner can switch this
+-- off (ALTER TABLE … DISABLE TRIGGER), or a superuser; see docs/dead-letters.md.
+CREATE FUNCTION core.dead_letters_keep_decided() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        RAISE EXCEPTION 'core.dead_letters cannot be truncated: decided letters are evidence'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RAISE EXCEPTION 'dead letter % is %: a decided letter is evidence and cannot be deleted',
+        OLD.id, OLD.status
+        USING ERRCODE = 'insufficient_privilege';
+END;
+$$;
+CREATE TRIGGER dead_letters_keep_decided BEFORE DELETE ON core.dead_letters
+    FOR EACH ROW WHEN (OLD.status <> 'pending_review')
+    EXECUTE FUNCTION core.dead_letters_keep_decided();
+CREATE TRIGGER dead_letters_no_truncate BEFORE TRUNCATE ON core.dead_letters
+    FOR EACH STATEMENT EXECUTE FUNCTION core.dead_letters_keep_decided();
+
+-- Who did what, when and why, and the transition it made (old_state → new_state; NULL
+-- where there is none, e.g. before a thing existed): append-only.
 CREATE TABLE core.audit_log (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at              timestamptz NOT NULL DEFAULT now(),
@@ -37,7 +58,9 @@ CREATE TABLE core.audit_log (
     dead_letter_id  bigint,
     replay_id       bigint,
     reason          text,
-    details         jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(details) = 'object')
+    details         jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(details) = 'object'),
+    old_state       text CHECK (old_state <> '' AND length(old_state) <= 100),
+    new_state       text CHECK (new_state <> '' AND length(new_state) <= 100)
 );
 CREATE INDEX audit_log_dead_letter_idx ON core.audit_log (dead_letter_id)
     WHERE dead_letter_id IS NOT NULL;

@@ -1,5 +1,6 @@
 -- Declared schema for dead-letter review, audit, replays, fence cleanup, alerts and ops
--- tokens (on top of schema.sql). migrations/0002_review_alerts_ops.sql produces exactly this.
+-- tokens (on top of schema.sql). migrations/0002_review_alerts_ops.sql and
+-- 0005_audit_transitions_keep_decided.sql produce exactly this.
 
 -- Review of a dead letter: pending_review → replayed | discarded, final once decided.
 ALTER TABLE core_dead_letters ADD COLUMN partner TEXT
@@ -26,6 +27,13 @@ BEGIN
     SELECT RAISE(ABORT, 'a reviewed dead letter is final: its review decision cannot change');
 END;
 
+-- …and it is never deleted.
+CREATE TRIGGER core_dead_letters_keep_decided BEFORE DELETE ON core_dead_letters
+    WHEN OLD.status <> 'pending_review'
+BEGIN
+    SELECT RAISE(ABORT, 'a decided dead letter is evidence and cannot be deleted');
+END;
+
 -- Who did what, when and why: append-only.
 CREATE TABLE core_audit_log (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -40,6 +48,11 @@ CREATE TABLE core_audit_log (
     reason          TEXT,
     details         TEXT NOT NULL DEFAULT '{}' CHECK (json_type(details) = 'object')
 );
+-- The transition an action made (old_state → new_state), added by migration 0005.
+ALTER TABLE core_audit_log ADD COLUMN old_state TEXT
+    CHECK (old_state <> '' AND length(old_state) <= 100);
+ALTER TABLE core_audit_log ADD COLUMN new_state TEXT
+    CHECK (new_state <> '' AND length(new_state) <= 100);
 CREATE INDEX core_audit_log_dead_letter_idx ON core_audit_log (dead_letter_id)
     WHERE dead_letter_id IS NOT NULL;
 CREATE TRIGGER core_audit_log_no_update BEFORE UPDATE ON core_audit_log
