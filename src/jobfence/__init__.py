@@ -6,7 +6,6 @@ letters that people can read, replay and discard.
 """
 
 from .app import App
-from .codec import PoisonPayload
 from .db import SyncTx, Tx
 from .errors import (
     AuthenticationError,
@@ -18,13 +17,19 @@ from .errors import (
     EnqueueError,
     HandlerError,
     IntegrationError,
+    InvalidRequest,
     JobfenceError,
     NonRetryableError,
+    NotFound,
+    PoisonPayload,
     Retry,
     ReviewConflict,
     SchemaError,
     TechnicalError,
     TemporaryError,
+    TokenError,
+    TransactionBoundaryError,
+    UniqueViolation,
     ValidationError,
     classify,
 )
@@ -52,9 +57,11 @@ __all__ = [
     "EnqueueError",
     "HandlerError",
     "IntegrationError",
+    "InvalidRequest",
     "Job",
     "JobfenceError",
     "NonRetryableError",
+    "NotFound",
     "Observer",
     "OutgoingJob",
     "PoisonPayload",
@@ -65,8 +72,11 @@ __all__ = [
     "SyncTx",
     "TechnicalError",
     "TemporaryError",
+    "TokenError",
+    "TransactionBoundaryError",
     "Transport",
     "Tx",
+    "UniqueViolation",
     "ValidationError",
     "Worker",
     "__version__",

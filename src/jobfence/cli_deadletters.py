@@ -33,7 +33,7 @@ from . import deadletters as service
 from .app import DEFAULT_LEASE, App, fence_exposure
 from .cli import console, database_option, dead_letters, err_console, main_group, run
 from .cli import transport_option as _transport_option
-from .errors import Category, ReviewConflict
+from .errors import Category, NotFound, ReviewConflict
 from .retry import DEFAULT_POLICY
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -477,7 +477,7 @@ def discard(
                 try:
                     await service.discard(app.db, letter_id, actor=who, reason=reason)
                     results.append((letter_id, "discarded", ""))
-                except (ReviewConflict, service.NotFound) as exc:
+                except (ReviewConflict, NotFound) as exc:
                     results.append((letter_id, "refused", str(exc)))
         return results
 

@@ -13,13 +13,9 @@ from typing import Any
 
 import pydantic
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, PoisonPayload
 
 Schema = type[pydantic.BaseModel] | Mapping[str, Any] | type[bytes] | None
-
-
-class PoisonPayload(Exception):
-    """The payload cannot be decoded or does not match the consumer's schema."""
 
 
 def encode(payload: Any) -> bytes:

@@ -45,7 +45,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Literal, TypeVar
 
 from .db import Database, Tx
-from .errors import Category, JobfenceError, ReviewConflict, clean_text
+from .errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
 from .store import DeadLetter, OutgoingJob, Store, from_datetime, to_datetime
 from .transports import Transport
 
@@ -66,14 +66,6 @@ DEFAULT_BATCH = 500
 BROKER_BATCH = 100  # payloads travel through Python when the queue is not in this database
 
 STATUSES = ("pending_review", "replayed", "discarded")
-
-
-class NotFound(JobfenceError):
-    """No such dead letter or replay — or it is outside the caller's partner scope."""
-
-
-class InvalidRequest(JobfenceError):
-    """A request that cannot be carried out as given (a blank reason, a bad filter…)."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ The tree::
     ├── EnqueueError                   a job that cannot be enqueued (bad job_id, unknown queue…)
     ├── SchemaError                    the database is missing or behind its migrations
     ├── ReviewConflict                 a dead-letter action lost a race or hit the wrong state
+    ├── NotFound                       no such dead letter, replay, event… (or out of scope)
+    ├── InvalidRequest                 an operator request that cannot be carried out as given
+    ├── TokenError                     an ops token that cannot be created as asked
+    ├── UniqueViolation                a row with that key exists (translated from the driver)
+    ├── PoisonPayload                  a payload that fails decoding or its schema (never retried)
     └── HandlerError                   raised by handlers to say how a failure must be treated
         ├── ValidationError            VALIDATION_ERROR    no retry
         ├── BusinessError              BUSINESS_ERROR      no retry
@@ -23,7 +28,9 @@ The tree::
 
 Anything else a handler raises is classified by :func:`classify`: serialization failures,
 deadlocks, lost connections and timeouts are TEMPORARY_ERROR; everything unknown is
-TECHNICAL_ERROR. No exception ever crashes the worker.
+TECHNICAL_ERROR. No exception ever crashes the worker. Driver exceptions are recognised by
+classifiers that the database drivers register (:func:`register_classifier`, in
+:mod:`jobfence.db.translate`), so this module knows no driver.
 """
 
 from __future__ import annotations
@@ -31,12 +38,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-
-import psycopg
-import psycopg.errors
 
 
 class RetryMode(enum.Enum):
@@ -126,6 +130,26 @@ class ReviewConflict(JobfenceError):
     """A review action on a dead letter that is not (or no longer) in a state that allows it."""
 
 
+class NotFound(JobfenceError):
+    """No such dead letter, replay or event — or it is outside the caller's partner scope."""
+
+
+class InvalidRequest(JobfenceError):
+    """A request that cannot be carried out as given (a blank reason, a bad filter…)."""
+
+
+class TokenError(JobfenceError):
+    """A token that cannot be created as asked (bad role, name, partner or expiry)."""
+
+
+class UniqueViolation(JobfenceError):
+    """A row with that key already exists (a driver's unique violation, translated)."""
+
+
+class PoisonPayload(JobfenceError):
+    """The payload cannot be decoded or does not match the consumer's schema."""
+
+
 class HandlerError(JobfenceError):
     """Raise from a handler to choose how the failure is treated.
 
@@ -195,16 +219,14 @@ class Retry(Exception):
         self.reason = reason
 
 
-_TEMPORARY_DB_ERRORS: tuple[type[BaseException], ...] = (
-    psycopg.errors.SerializationFailure,
-    psycopg.errors.DeadlockDetected,
-    psycopg.errors.LockNotAvailable,
-    psycopg.errors.QueryCanceled,
-    psycopg.errors.AdminShutdown,
-    psycopg.errors.CannotConnectNow,
-    psycopg.OperationalError,  # lost connections, server restarts, refused connections
-    psycopg.InterfaceError,  # "the connection is closed"
-)
+Classifier = Callable[[BaseException], "Category | None"]
+_classifiers: list[Classifier] = []
+
+
+def register_classifier(classifier: Classifier) -> None:
+    """Let a driver say which of its exceptions are which category (None: not mine)."""
+    if classifier not in _classifiers:
+        _classifiers.append(classifier)
 
 
 def classify(exc: BaseException) -> Category:
@@ -213,11 +235,12 @@ def classify(exc: BaseException) -> Category:
         return exc.category
     if isinstance(exc, Retry):
         return Category.TEMPORARY_ERROR
-    if isinstance(exc, (*_TEMPORARY_DB_ERRORS, DatabaseUnavailable)):
+    if isinstance(exc, DatabaseUnavailable):
         return Category.TEMPORARY_ERROR
-    if isinstance(exc, sqlite3.OperationalError):
-        # "database is locked", "disk I/O error": the store could not do it now.
-        return Category.TEMPORARY_ERROR
+    for classifier in _classifiers:
+        category = classifier(exc)
+        if category is not None:
+            return category
     if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectionError):
         return Category.TEMPORARY_ERROR
     return Category.TECHNICAL_ERROR

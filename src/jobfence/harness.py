@@ -30,10 +30,10 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from .codec import Decoder, PoisonPayload
+from .codec import Decoder
 from .db import BatchLost, Database, SyncTx, Tx, current_tx
 from .db.postgres import PostgresDatabase
-from .errors import Category, Retry, classify, describe, error_code
+from .errors import Category, PoisonPayload, Retry, classify, describe, error_code
 from .jobs import Delivery, Job
 from .observers import Observers
 from .retry import RetryPolicy

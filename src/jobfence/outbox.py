@@ -41,7 +41,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from prometheus_client import Counter
 
 from .db import Database, SyncTx, Tx
-from .errors import Category, ConfigurationError, EnqueueError, classify, describe, error_code
+from .errors import (
+    Category,
+    ConfigurationError,
+    EnqueueError,
+    InvalidRequest,
+    classify,
+    describe,
+    error_code,
+)
 from .retry import RetryPolicy
 from .sql import Dialect, queries
 from .store import OutgoingJob, to_datetime
@@ -317,7 +325,6 @@ class RedrivePreview:
 
 
 def _queue(queue: str | None) -> str | None:
-    from .deadletters import InvalidRequest
 
     if queue is not None and (not queue or len(queue) > 200 or "\x00" in queue):
         raise InvalidRequest("queue must be 1–200 characters without NUL")
@@ -329,7 +336,6 @@ async def preview_redrive(
 ) -> RedrivePreview:
     """Count the ``PUBLISH_FAILED_RETRY`` events (of ``queue``) a re-drive of all of them
     would take. Changes nothing."""
-    from .deadletters import InvalidRequest
 
     if not 0 <= sample <= 100:
         raise InvalidRequest("sample must be between 0 and 100")
@@ -357,13 +363,13 @@ async def redrive(
     (of ``queue``) with ``all_failed=True`` *and* ``expected_total``, the count
     :func:`preview_redrive` showed — when the failed events are no longer that many, nothing
     happens and :class:`~jobfence.errors.ReviewConflict` says so. Without either the call is
-    refused (:class:`~jobfence.deadletters.InvalidRequest`): no ids never means "all".
+    refused (:class:`~jobfence.errors.InvalidRequest`): no ids never means "all".
 
     Who and why go into each event's history and, in the same transaction, one row of the
     audit log (``outbox.redrive``). Returns the event ids re-driven; events in another state
     are left alone, so repeating a re-drive is harmless (and audits nothing).
     """
-    from .deadletters import Actor, InvalidRequest, record
+    from .deadletters import Actor, record
     from .errors import ReviewConflict
 
     who = Actor(actor, via)

@@ -323,3 +323,21 @@ def connect(url: DatabaseURL) -> Database:
     from .sqlite import SQLiteDatabase
 
     return SQLiteDatabase(url)
+
+
+# the drivers' errors, translated (registers their classifiers with jobfence.errors)
+from .translate import is_data_error, is_unique_violation  # noqa: E402
+
+__all__ = [
+    "BatchLost",
+    "Database",
+    "Params",
+    "Row",
+    "SyncTx",
+    "Tx",
+    "TxGuard",
+    "connect",
+    "current_tx",
+    "is_data_error",
+    "is_unique_violation",
+]

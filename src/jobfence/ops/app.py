@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import deadletters as service
 from ..app import App
 from ..cleanup import default_holder
-from ..errors import DatabaseUnavailable, ReviewConflict
+from ..errors import DatabaseUnavailable, InvalidRequest, NotFound, ReviewConflict
 from ..transports.database import DatabaseQueue
 from . import models
 from .auth import Principal, require
@@ -471,12 +471,12 @@ def _handlers(api: FastAPI) -> None:
             422, "Invalid request", "the request does not match its schema", errors=errors
         )
 
-    @api.exception_handler(service.InvalidRequest)
-    async def refused(request: Request, exc: service.InvalidRequest) -> JSONResponse:
+    @api.exception_handler(InvalidRequest)
+    async def refused(request: Request, exc: InvalidRequest) -> JSONResponse:
         return problem(422, "Invalid request", str(exc))
 
-    @api.exception_handler(service.NotFound)
-    async def not_found(request: Request, exc: service.NotFound) -> JSONResponse:
+    @api.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
         return problem(404, "Not found", str(exc))
 
     @api.exception_handler(ReviewConflict)

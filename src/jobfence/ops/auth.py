@@ -29,8 +29,8 @@ from typing import Any, Literal, cast
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..db import Database
-from ..errors import JobfenceError
+from ..db import Database, is_unique_violation
+from ..errors import TokenError
 
 Role = Literal["viewer", "operator"]
 ROLES: tuple[Role, ...] = ("viewer", "operator")
@@ -38,10 +38,6 @@ TOKEN_PREFIX = "jfo_"
 MAX_NAME = 200
 
 _bearer = HTTPBearer(auto_error=False, description="An ops token: `jobfence ops token create`.")
-
-
-class TokenError(JobfenceError):
-    """A token that cannot be created as asked (bad role, name, partner or expiry)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +134,7 @@ async def create_token(
         async with db.transaction() as tx:
             await tx.q("ops_token_insert", params)
     except Exception as exc:
-        if _is_unique_violation(exc):
+        if is_unique_violation(exc):
             raise TokenError(
                 f"an active token named {name.strip()!r} exists; revoke it first or pick "
                 "another name"
@@ -156,13 +152,3 @@ async def revoke_token(db: Database, name: str) -> bool:
 async def list_tokens(db: Database, *, include_revoked: bool = False) -> list[dict[str, Any]]:
     """Tokens without their hashes."""
     return [dict(row) for row in await db.run("ops_tokens_list", {"all": include_revoked})]
-
-
-def _is_unique_violation(exc: BaseException) -> bool:
-    import sqlite3
-
-    import psycopg.errors
-
-    if isinstance(exc, psycopg.errors.UniqueViolation):
-        return True
-    return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)

@@ -584,8 +584,8 @@ class PurchaseOrderService:
         """The retry replaces the dead letter's event: close the letter (with the jobfence
         audit row) so it no longer waits for review. A letter someone already decided stays
         as it is."""
-        from ..deadletters import Actor, NotFound, discard
-        from ..errors import ReviewConflict
+        from ..deadletters import Actor, discard
+        from ..errors import NotFound, ReviewConflict
 
         try:
             await discard(
