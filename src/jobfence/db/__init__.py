@@ -326,9 +326,10 @@ def connect(url: DatabaseURL) -> Database:
 
 
 # the drivers' errors, translated (registers their classifiers with jobfence.errors)
-from .translate import is_data_error, is_unique_violation  # noqa: E402
+from .translate import DATA_ERROR, is_data_error, is_unique_violation  # noqa: E402
 
 __all__ = [
+    "DATA_ERROR",
     "BatchLost",
     "Database",
     "Params",

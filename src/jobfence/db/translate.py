@@ -43,9 +43,13 @@ def is_unique_violation(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
 
 
+#: what a driver raises for a value the database cannot store or compare (out of range…)
+DATA_ERROR: type[Exception] = psycopg.DataError
+
+
 def is_data_error(exc: BaseException) -> bool:
     """A value the database cannot store or compare (out of range, bad encoding…)."""
-    return isinstance(exc, psycopg.DataError | OverflowError)
+    return isinstance(exc, DATA_ERROR | OverflowError)
 
 
 register_classifier(classify_driver_error)

@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import deadletters as service
 from ..app import App
 from ..cleanup import default_holder
+from ..db import DATA_ERROR
 from ..errors import DatabaseUnavailable, InvalidRequest, NotFound, ReviewConflict
 from ..transports.database import DatabaseQueue
 from . import models
@@ -483,8 +483,7 @@ def _handlers(api: FastAPI) -> None:
     async def conflict(request: Request, exc: ReviewConflict) -> JSONResponse:
         return problem(409, "Conflict", str(exc), code="REVIEW_CONFLICT")
 
-    @api.exception_handler(psycopg.DataError)
-    async def bad_value(request: Request, exc: psycopg.DataError) -> JSONResponse:
+    async def bad_value(request: Request, exc: Exception) -> JSONResponse:
         # the last line of defence: the models bound what they can, and a value the database
         # still refuses (out of range, malformed) is the request's fault, not the server's
         log.info("request value refused by the database", extra={"error": str(exc)})
@@ -494,6 +493,8 @@ def _handlers(api: FastAPI) -> None:
             "a value in the request is out of range or malformed for the database "
             f"({type(exc).__name__}); ids and cursors are whole numbers up to {MAX_ID}",
         )
+
+    api.add_exception_handler(DATA_ERROR, bad_value)
 
     @api.exception_handler(OverflowError)
     async def overflow(request: Request, exc: OverflowError) -> JSONResponse:
