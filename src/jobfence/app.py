@@ -23,8 +23,12 @@ from .metrics import MetricsObserver
 from .observers import Observer, Observers
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import DEFAULT_PAYLOAD_LIMIT, OutgoingJob, Store
-from .transports import Transport, broker_from_url, is_broker_url
-from .transports.database import DatabaseQueue
+from .transports import Transport, broker_from_url, check_payload_sizes, is_broker_url
+from .transports.database import (
+    DatabaseQueue,
+    database_max_payload,
+    database_max_payload_reason,
+)
 
 H = TypeVar("H", bound=Handler)
 
@@ -89,6 +93,37 @@ def fence_ttl_problem(
         f"TTL must exceed {_span(needed)}. A delivery after its fence expired would apply the "
         f"work twice: use fence_ttl > {_span(needed)} (the default is "
         f"{_span(DEFAULT_FENCE_TTL)})."
+    )
+
+
+def _unencodable(exc: UnicodeEncodeError) -> str:
+    """What ``exc`` choked on: a byte that was not decodable, or a lone surrogate."""
+    char = ord(exc.object[exc.start])
+    if 0xDC80 <= char <= 0xDCFF:  # how Python keeps an undecodable byte (surrogateescape)
+        return (
+            f"the undecodable byte 0x{char - 0xDC00:02x} at position {exc.start} (read from a "
+            "command line or file that is not UTF-8?)"
+        )
+    return f"a lone surrogate U+{char:04X} at position {exc.start}"
+
+
+def check_utf8(name: str, value: str) -> str:
+    """``value`` if it can be sent as UTF-8 (ids and queue names travel as UTF-8 text in
+    every store and broker); else ValueError naming the field and the character."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} {value!a} is not valid UTF-8: {_unencodable(exc)}; ids and queue names "
+            "travel as UTF-8 text, use valid characters"
+        ) from None
+    return value
+
+
+def _check_database_payloads(jobs: Sequence[OutgoingJob], dialect: str) -> None:
+    """The database queue's size limit, for enqueues that write the table directly."""
+    check_payload_sizes(
+        jobs, database_max_payload(dialect), dialect, database_max_payload_reason(dialect)
     )
 
 
@@ -321,13 +356,15 @@ class App:
     ) -> OutgoingJob:
         """Validate and encode one job (what ``enqueue`` does before it writes)."""
         try:
-            check_queue(queue)
+            check_utf8("queue", check_queue(queue))
             job_id = check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
+            check_utf8("job_id", job_id)
             if correlation_id is not None:
                 if not isinstance(correlation_id, str) or "\x00" in correlation_id:
                     raise ValueError("correlation_id must be a string without NUL characters")
                 if len(correlation_id) > 255:
                     raise ValueError("correlation_id is longer than 255 characters")
+                check_utf8("correlation_id", correlation_id)
             seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay or 0)
             if seconds < 0:
                 raise ValueError("delay must not be negative")
@@ -368,9 +405,12 @@ class App:
                 )
             if not self.is_open:
                 await self.open()
+            self.transport.check_payloads(jobs)
             await self.transport.publish(jobs)
             return
-        await self.store_for(connection).enqueue(jobs, tx=self._as_tx(connection))
+        store = self.store_for(connection)
+        _check_database_payloads(jobs, store.dialect)
+        await store.enqueue(jobs, tx=self._as_tx(connection))
 
     def store_for(self, connection: Any) -> Store:
         if self.is_open and isinstance(self.transport, DatabaseQueue):
@@ -434,6 +474,7 @@ class App:
             connection._run(self.enqueue_many([job], connection=connection.async_tx))
             return job.job_id
         store = Store(connect(self.url))
+        _check_database_payloads([job], store.dialect)
         if connection is not None:
             store.enqueue_sync(connection, [job])
             return job.job_id

@@ -220,11 +220,20 @@ def worker(
 @click.argument("queue")
 @database_option
 @transport_option
-@click.option("--payload", "-p", required=True, help="The job's payload as JSON ('-' reads stdin).")
+@click.option(
+    "--payload",
+    "-p",
+    required=True,
+    help="The job's payload as JSON, UTF-8 ('-' reads stdin); with --raw, any bytes.",
+)
 @click.option("--job-id", help="Idempotency key of the job (default: a new UUID).")
 @click.option("--correlation-id", help="Carried through logs and dead letters.")
 @click.option("--delay", type=click.FloatRange(0), default=0.0, help="Seconds before it may run.")
-@click.option("--raw", is_flag=True, help="Enqueue the payload bytes as given, even if not JSON.")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Enqueue the payload bytes as given, even if not JSON or not UTF-8.",
+)
 def enqueue(
     queue: str,
     database_url: str | None,
@@ -238,11 +247,21 @@ def enqueue(
     """Put one job on QUEUE."""
     from .app import App
 
-    text = sys.stdin.read() if payload == "-" else payload
+    # bytes end to end: stdin as bytes, argv back to the bytes it was given as (os.fsencode
+    # undoes Python's surrogateescape decoding of argv)
+    data = sys.stdin.buffer.read() if payload == "-" else os.fsencode(payload)
     value: Any
     if raw:
-        value = text.encode()
+        value = data
     else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(
+                f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}), and "
+                "JSON must be UTF-8; pass --raw to enqueue the bytes as they are",
+                param_hint="--payload",
+            ) from None
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -67,7 +67,21 @@ class LogObserver(Observer):
         category: Category,
         error: str,
         dead_letter_id: int | None,
+        *,
+        created: bool = True,
     ) -> None:
+        if not created or dead_letter_id is None:
+            # the same job delivered again found its letter already recorded (the store's
+            # write is idempotent and returns no new id): not a second dead letter
+            log.info(
+                "dead letter already recorded",
+                extra={
+                    **_fields(delivery, consumer),
+                    "category": category.value,
+                    "dead_letter_id": dead_letter_id,
+                },
+            )
+            return
         level = category.info.log_level
         if category.info.retry is not RetryMode.NEVER:
             level = max(level, logging.ERROR)
@@ -84,6 +98,26 @@ class LogObserver(Observer):
 
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         log.warning("lease lost to another worker; skipping", extra=_fields(delivery, consumer))
+
+
+#: Client libraries whose own log records are shown in jobfence's format, one line each
+#: (nats-py logs some errors with a traceback; its connection events come through the NATS
+#: transport's callbacks, see :class:`jobfence.transports.nats.ClientEvents`).
+FOREIGN_LOGGERS = ("nats",)
+
+
+class OneLine(logging.Filter):
+    """Reduce a record's traceback to the exception's name and message (one line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = None
+        record.exc_info = None
+        record.exc_text = None
+        record.stack_info = None
+        return True
 
 
 def configure(level: str = "INFO", fmt: str = "console") -> None:
@@ -112,3 +146,11 @@ def configure(level: str = "INFO", fmt: str = "console") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    foreign = logging.StreamHandler(sys.stderr)
+    foreign.setFormatter(formatter)
+    foreign.addFilter(OneLine())
+    for name in FOREIGN_LOGGERS:
+        library = logging.getLogger(name)
+        library.handlers[:] = [foreign]
+        library.setLevel(level.upper())
+        library.propagate = False

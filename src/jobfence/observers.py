@@ -6,6 +6,7 @@ An observer that raises is logged and ignored: it can never change a job's outco
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
@@ -40,7 +41,14 @@ class Observer:
         error: str,
         dead_letter_id: int | None,
     ) -> None:
-        """The job went to dead letters (``dead_letter_id`` None: already there)."""
+        """The job went to dead letters.
+
+        Writing a dead letter is idempotent (one pending letter per consumer and job_id),
+        so the same job delivered again finds its letter already recorded. An override that
+        also takes the keyword argument ``created: bool = True`` is told which: False for
+        such a repeat, and then ``dead_letter_id`` is the existing letter's id (or None
+        when the store did not say which). Overrides without it are called as before.
+        """
 
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         """Our lease was taken over before the work started; another worker owns the job."""
@@ -64,6 +72,8 @@ class Observers(Observer):
             ]
             for hook in _HOOKS
         }
+        # job_dead overrides written before ``created`` existed are called without it
+        self._dead_takes_created = [_takes(method, "created") for method in self._hooks["job_dead"]]
 
     def _each(self, hook: str, *args: Any) -> None:
         for method in self._hooks[hook]:
@@ -93,8 +103,20 @@ class Observers(Observer):
         category: Category,
         error: str,
         dead_letter_id: int | None,
+        *,
+        created: bool = True,
     ) -> None:
-        self._each("job_dead", delivery, consumer, category, error, dead_letter_id)
+        args = (delivery, consumer, category, error, dead_letter_id)
+        for method, takes_created in zip(
+            self._hooks["job_dead"], self._dead_takes_created, strict=True
+        ):
+            try:
+                if takes_created:
+                    method(*args, created=created)
+                else:
+                    method(*args)
+            except Exception:
+                log.exception("observer %s failed in job_dead", type(method.__self__).__name__)
 
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         self._each("job_lost", delivery, consumer)
@@ -109,6 +131,19 @@ class Observers(Observer):
                 await method(job)
             except Exception:
                 log.exception("observer %s failed in after_commit", type(method.__self__).__name__)
+
+
+def _takes(method: Any, name: str) -> bool:
+    """Whether ``method`` accepts the keyword argument ``name``."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind is inspect.Parameter.VAR_KEYWORD
+        or (p.name == name and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        for p in parameters
+    )
 
 
 _HOOKS = (

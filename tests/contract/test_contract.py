@@ -121,8 +121,9 @@ async def test_a_worker_killed_with_sigkill_loses_no_job(target: Target, tmp_pat
 
 
 async def test_a_delayed_retry_runs_after_its_delay(target: Target) -> None:
-    """Retry(delay=1 s): the second attempt starts no earlier than the delay (RabbitMQ's
-    delay buckets round by at most 2.2 %) and within 4 s of it on a loaded machine; its
+    """Retry(delay=1 s): the second attempt starts no earlier than the delay (less the few
+    ms by which the database queue's clock, its transaction's start, precedes the handler;
+    RabbitMQ's delay buckets round up) and within 4 s of it on a loaded machine; its
     history holds the first attempt with the scheduled delay."""
     app = target.app()
     started: dict[int, float] = {}

@@ -126,9 +126,7 @@ class GuardedCursor(psycopg.AsyncCursor[Any]):
             guard.failed(exc)
             raise
 
-    async def stream(
-        self, query: Any, params: Params = None, **kwargs: Any
-    ) -> AsyncIterator[Any]:
+    async def stream(self, query: Any, params: Params = None, **kwargs: Any) -> AsyncIterator[Any]:
         guard = self._guard()
         if guard is not None:
             guard.screen(_query_text(query, self._conn))

@@ -15,9 +15,33 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 
-from ..errors import Category
+from ..errors import Category, EnqueueError
 from ..jobs import Delivery
 from ..store import OutgoingJob
+
+MiB = 1024 * 1024
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n / 1024:.1f} KiB"
+
+
+def check_payload_sizes(
+    jobs: Sequence[OutgoingJob], limit: int | None, transport: str, why: str
+) -> None:
+    """Raise :class:`EnqueueError` for the first job whose payload is over ``limit`` bytes,
+    naming its size, the limit and where the limit comes from (``why``)."""
+    if limit is None:
+        return
+    for job in jobs:
+        size = len(job.payload)
+        if size > limit:
+            job_id = job.job_id if len(job.job_id) <= 60 else job.job_id[:57] + "..."
+            raise EnqueueError(
+                f"payload of job {job_id!r} is {size} bytes ({_size(size)}); the {transport} "
+                f"transport takes at most {limit} bytes ({_size(limit)}: {why}). Keep large "
+                "data elsewhere (object storage, a table) and enqueue a reference to it"
+            )
 
 
 class Transport(ABC):
@@ -27,6 +51,23 @@ class Transport(ABC):
     name: str = "transport"
     #: Acks can join the work transaction (the queue is a table in the fence's database).
     shares_database: bool = False
+
+    @property
+    def max_payload(self) -> int | None:
+        """The largest payload in bytes this transport takes (None: it states no limit).
+
+        Brokers know theirs once open (it comes from the server)."""
+        return None
+
+    @property
+    def max_payload_reason(self) -> str:
+        """Where :attr:`max_payload` comes from, for people (shown in the error)."""
+        return "this transport's limit"
+
+    def check_payloads(self, jobs: Sequence[OutgoingJob]) -> None:
+        """:class:`EnqueueError` if a job's payload is over :attr:`max_payload` (called before
+        anything of ``jobs`` is sent, so a refused batch enqueues nothing)."""
+        check_payload_sizes(jobs, self.max_payload, self.name, self.max_payload_reason)
 
     async def open(self) -> None:
         """Connect. Called once before use."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import sqlite3
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -26,6 +28,43 @@ from . import Transport
 log = logging.getLogger("jobfence.transport")
 
 CHANNEL = "jobfence_jobs"
+
+MiB = 1024 * 1024
+#: Room kept for a job row's other columns (ids, history) next to its payload.
+ROW_ROOM = MiB
+#: PostgreSQL returns a ``bytea`` as hex text, two characters a byte, and one value (indeed
+#: one row) sent as text must stay under 1 GiB (MaxAllocSize): a payload of 512 MiB - 1 is
+#: stored, but every claim of it then fails ("invalid memory alloc request size"), which
+#: blocks its queue. 512 MiB less room for the other columns.
+POSTGRESQL_MAX_PAYLOAD = 512 * MiB - ROW_ROOM
+
+
+@functools.cache
+def _sqlite_max_length() -> int:
+    """SQLite's largest string, BLOB and row (SQLITE_MAX_LENGTH, 1 000 000 000 by default)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        return conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+    finally:
+        conn.close()
+
+
+def database_max_payload(dialect: str) -> int:
+    """The largest payload a database queue of ``dialect`` takes, in bytes."""
+    if dialect == "sqlite":
+        return _sqlite_max_length() - ROW_ROOM
+    return POSTGRESQL_MAX_PAYLOAD
+
+
+def database_max_payload_reason(dialect: str) -> str:
+    if dialect == "sqlite":
+        return (
+            f"SQLite's largest row, {_sqlite_max_length()} bytes, less room for the other columns"
+        )
+    return (
+        "a bytea is read back as hex text, which must stay under PostgreSQL's 1 GiB per row, "
+        "less room for the other columns"
+    )
 
 
 class DatabaseQueue(Transport):
@@ -64,7 +103,16 @@ class DatabaseQueue(Transport):
                 await self._listener
             self._listener = None
 
+    @property
+    def max_payload(self) -> int:
+        return database_max_payload(self.db.dialect)
+
+    @property
+    def max_payload_reason(self) -> str:
+        return database_max_payload_reason(self.db.dialect)
+
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        self.check_payloads(jobs)
         await self.store.enqueue(jobs)
         self.wake()
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -55,7 +55,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from ..errors import Category, ConfigurationError
+from ..errors import Category, ConfigurationError, EnqueueError
 from ..jobs import AttemptRecord, Delivery
 from ..store import OutgoingJob
 from . import Transport
@@ -72,10 +72,101 @@ from ._broker import (
 log = logging.getLogger("jobfence.transport.nats")
 
 PUBLISH_BATCH = 500
+#: Bytes of a message's max_payload kept for jobfence's headers. NATS counts headers into
+#: max_payload; the longest headers of a first publish (a 255-character job id and
+#: correlation id of 4-byte characters, percent-encoded: 3 060 bytes each, plus the attempt
+#: count, enqueue time, delay and the expected stream's name) take under 7 KiB.
+HEADER_ROOM = 8 * 1024
 ADVISORY_ACK_WAIT = 300.0  # seconds
 API_TIMEOUT = 15.0  # seconds for a JetStream API answer (a busy server can be slow)
+INITIAL_CONNECT_ATTEMPTS = 3  # 0.5 s apart; reconnections after that never give up
 ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 _SAFE = " !#$%&'()*+,-./:;<=>?@[]^_`{|}~"
+
+
+class ClientEvents:
+    """nats-py's connection callbacks, each event one log line through jobfence's logger.
+
+    nats-py's default error callback logs every error with its traceback (a reconnecting
+    client: one per attempt, twice a second). Here a lost connection, each distinct error
+    and the reconnection are one WARNING line each, without a traceback; the same error
+    again within ``repeat_window`` seconds (the reconnection attempts of one outage) is a
+    DEBUG line, counted in the next WARNING about it and in the reconnection's line.
+    """
+
+    def __init__(self, server: str, repeat_window: float = 60.0) -> None:
+        self.server = server
+        self.repeat_window = repeat_window
+        self.closing = False
+        # the first connection: its errors become the one-line error of open(), not logs
+        self.connecting = True
+        self.last_error: BaseException | None = None
+        self._last: dict[str, float] = {}
+        self._repeats: dict[str, int] = {}
+        self._down_since: float | None = None
+        self._failed = 0
+
+    async def error(self, exc: Exception) -> None:
+        self.last_error = exc
+        if self.connecting:
+            log.debug("NATS connection attempt failed", extra={"error": _describe(exc)})
+            return
+        if self._down_since is not None:
+            self._failed += 1
+        self.note("NATS client error", exc)
+
+    def note(self, event: str, exc: BaseException) -> None:
+        """One WARNING line for ``event`` caused by ``exc``; DEBUG when it repeats."""
+        text = _describe(exc)
+        key = f"{event}|{text}"
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.repeat_window:
+            self._repeats[key] = self._repeats.get(key, 0) + 1
+            log.debug(f"{event} (again)", extra={"server": self.server, "error": text})
+            return
+        self._last[key] = now
+        extra: dict[str, Any] = {"server": self.server, "error": text}
+        repeats = self._repeats.pop(key, 0)
+        if repeats:
+            extra["repeated"] = repeats
+        log.warning(event, extra=extra)
+
+    async def disconnected(self) -> None:
+        if self.closing:
+            return
+        self._down_since = time.monotonic()
+        self._failed = 0
+        log.warning("NATS connection lost; reconnecting", extra={"server": self.server})
+
+    async def reconnected(self) -> None:
+        extra: dict[str, Any] = {"server": self.server}
+        if self._down_since is not None:
+            extra["down_s"] = round(time.monotonic() - self._down_since, 3)
+            extra["failed_attempts"] = self._failed
+        self._down_since = None
+        self._last.clear()  # the next outage's errors are news again
+        self._repeats.clear()
+        log.warning("NATS connection restored", extra=extra)
+
+    async def closed(self) -> None:
+        if not self.closing:
+            log.warning("NATS connection closed for good", extra={"server": self.server})
+
+
+#: What a connection that is down or a JetStream that is not ready (yet) raise: expected
+#: during an outage, logged in one line. (nats-py's TimeoutError is also the builtin one,
+#: which a pull fetch raises when there is simply nothing to fetch.)
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.errors.UnexpectedEOF,
+    nats.js.errors.ServiceUnavailableError,
+)
 
 
 def slug(queue: str) -> str:
@@ -118,6 +209,8 @@ class NatsTransport(Transport):
 
     name = "nats"
     shares_database = False
+    #: seconds to wait for a JetStream API answer
+    api_timeout = API_TIMEOUT
 
     def __init__(
         self,
@@ -151,6 +244,7 @@ class NatsTransport(Transport):
         self._exhausted: deque[Delivery] = deque()
         self._exhausted_keys: set[tuple[str, int]] = set()
         self._reads = ShieldedFetch()
+        self._events: ClientEvents | None = None
 
     @classmethod
     def from_url(cls, url: str, *, lease: timedelta, worker_id: str) -> NatsTransport:
@@ -183,17 +277,31 @@ class NatsTransport(Transport):
     # -- connection and topology ------------------------------------------------------------
 
     async def open(self) -> None:
+        events = ClientEvents(_display(self.url))
         try:
             self._nc = await nats.connect(
                 servers=[self.url],
                 name=f"jobfence {self.worker_id}",
-                max_reconnect_attempts=-1,
+                # the first connection gives up after a few attempts (a clear error instead of
+                # waiting forever for a server that is not there); once connected, the client
+                # reconnects forever (set below)
+                max_reconnect_attempts=INITIAL_CONNECT_ATTEMPTS,
                 reconnect_time_wait=0.5,
                 connect_timeout=5,
+                error_cb=events.error,
+                disconnected_cb=events.disconnected,
+                reconnected_cb=events.reconnected,
+                closed_cb=events.closed,
             )
         except (OSError, nats.errors.Error) as exc:
-            raise ConfigurationError(f"cannot connect to NATS at {self.url}: {exc}") from None
-        self._js = self._nc.jetstream(timeout=API_TIMEOUT)
+            cause = events.last_error or exc
+            raise ConfigurationError(
+                f"cannot connect to NATS at {_display(self.url)}: {_describe(cause)}"
+            ) from None
+        self._nc.options["max_reconnect_attempts"] = -1
+        events.connecting = False
+        self._events = events
+        self._js = self._nc.jetstream(timeout=self.api_timeout)
         await self._ensure_stream(
             StreamConfig(
                 name=self.state_stream,
@@ -219,6 +327,8 @@ class NatsTransport(Transport):
     async def close(self) -> None:
         if self._nc is None:
             return
+        if self._events is not None:
+            self._events.closing = True
         for delivery in await self._reads.settle():
             try:
                 await self.release(delivery, attempted=False)
@@ -318,15 +428,41 @@ class NatsTransport(Transport):
 
     # -- publishing -------------------------------------------------------------------------
 
+    @property
+    def server_max_payload(self) -> int:
+        """The connected server's max_payload (headers included), 0 when not connected."""
+        return self._nc.max_payload if self._nc is not None else 0
+
+    @property
+    def max_payload(self) -> int | None:
+        if self._nc is None:
+            return None
+        return self._nc.max_payload - HEADER_ROOM
+
+    @property
+    def max_payload_reason(self) -> str:
+        return (
+            f"the server's max_payload, {self.server_max_payload} bytes with headers, less "
+            f"{HEADER_ROOM} for jobfence's headers"
+        )
+
     async def _send(self, queue: str, payload: bytes, meta: Meta, delay: float) -> None:
         headers = {k: quote(v, safe=_SAFE) for k, v in meta.headers().items()}
         if delay > 0:
             headers[DELAY] = f"{delay:.6f}"
-        await self.js.publish(
-            self.subject(queue), payload, stream=self.stream_name(queue), headers=headers
-        )
+        # the server closes the connection on a message over max_payload: never send one
+        # (a copy of a job can carry more headers than HEADER_ROOM: its attempt history)
+        stream = self.stream_name(queue)
+        size = len(payload) + _header_bytes({**headers, "Nats-Expected-Stream": stream})
+        if self._nc is not None and size > self._nc.max_payload:
+            raise EnqueueError(
+                f"message of job {meta.job_id!r} is {size} bytes with its headers; the NATS "
+                f"server takes at most {self._nc.max_payload} bytes (max_payload)"
+            )
+        await self.js.publish(self.subject(queue), payload, stream=stream, headers=headers)
 
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        self.check_payloads(jobs)
         for queue in {job.queue for job in jobs}:
             await self.declare(queue)
         for start in range(0, len(jobs), PUBLISH_BATCH):
@@ -408,16 +544,27 @@ class NatsTransport(Transport):
         for queue in queues:
             if len(found) >= limit:
                 break
-            sub = await self._sub(queue)
             try:
+                sub = await self._sub(queue)
                 msgs = await sub.fetch(batch=limit - len(found), timeout=per_queue)
-            except TimeoutError:  # nothing there (nats-py raises the builtin one too)
-                continue
+            except UNAVAILABLE as exc:
+                # the server is away or JetStream not ready yet (a restart): one line, not
+                # a traceback per fetch; the client reconnects by itself
+                if not isinstance(exc, TimeoutError) or queue not in self._subs:
+                    self._note("NATS unavailable while fetching; trying again", exc)
+                    await asyncio.sleep(per_queue)
+                continue  # a fetch that timed out: nothing there
             for msg in msgs:
                 delivery = await self._to_delivery(queue, msg)
                 if delivery is not None:
                     found.append(delivery)
         return found
+
+    def _note(self, event: str, exc: BaseException) -> None:
+        if self._events is not None:
+            self._events.note(event, exc)
+        else:
+            log.warning(event, extra={"error": _describe(exc)})
 
     # -- answers ----------------------------------------------------------------------------
 
@@ -537,6 +684,29 @@ class NatsTransport(Transport):
             "max_deliver": consumer.config.max_deliver,
             "durable": consumer.config.durable_name,
         }
+
+
+def _describe(exc: BaseException) -> str:
+    detail = str(exc)
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _display(url: str) -> str:
+    """``url`` without its secret (``nats://user:***@host``; a token alone: ``***@host``)."""
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
+        return url
+    user, colon, _ = userinfo.partition(":")
+    masked = f"{user}:***" if colon else "***"
+    return urlunsplit(parts._replace(netloc=f"{masked}@{host}"))
+
+
+def _header_bytes(headers: dict[str, str]) -> int:
+    """The size of ``headers`` on the wire (``NATS/1.0``, a line each, a blank line)."""
+    return len(b"NATS/1.0\r\n\r\n") + sum(
+        len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()
+    )
 
 
 def _missing(exc: nats.js.errors.APIError) -> bool:

@@ -11,7 +11,7 @@ fsynced by Raft before a publish is confirmed):
   (their attempt count is past any sane policy) — never silence;
 * ``jobfence.delay.Q.<ms>`` — one queue per delay bucket, with ``x-message-ttl`` and a
   dead-letter route back to ``Q``: delayed retries on a stock server (no plugin). Delays
-  are rounded to 16 buckets per doubling (within ±2.2 %).
+  are rounded *up* to 16 buckets per doubling: never early, at most 4.4 % (+ 3 ms) late.
 
 Every publish waits for the publisher confirm. A retry publishes a new copy carrying the
 attempt count and history in its headers, then acks the old one. Attempts follow SPEC R1:
@@ -19,7 +19,9 @@ the headers' count plus the quorum queue's ``x-delivery-count`` (deliveries retu
 without an answer: a killed worker, a lease that ran out).
 
 URL options (removed before connecting): ``prefetch`` (default 20), ``delivery_limit``
-(default 20; keep it above the policies' attempts).
+(default 20; keep it above the policies' attempts), ``max_message_size`` (the server's
+``max_message_size`` when it is not the default of its version: 128 MiB on 3.8–3.13, 16 MiB
+from 4.0).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from fractions import Fraction
 from typing import Any
 
 import aio_pika
@@ -50,15 +53,46 @@ log = logging.getLogger("jobfence.transport.rabbitmq")
 
 DELAY_STEPS_PER_DOUBLING = 16
 PUBLISH_BATCH = 500
+MiB = 1024 * 1024
+
+
+def default_max_message_size(version: str) -> int:
+    """RabbitMQ's default ``max_message_size`` (checked against the body) for a server
+    version: 16 MiB from 4.0, 128 MiB on 3.8–3.13, about 2 GiB before. An unknown version
+    gets the smallest."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return 16 * MiB
+    if (major, minor) >= (4, 0):
+        return 16 * MiB
+    if (major, minor) >= (3, 8):
+        return 128 * MiB
+    return 2_147_383_648
+
+
+def _bucket(step: int) -> int:
+    return math.ceil(2 ** (step / DELAY_STEPS_PER_DOUBLING))
 
 
 def delay_bucket(seconds: float) -> int:
-    """The TTL in ms of the delay queue used for ``seconds`` (0: no delay queue)."""
-    ms = seconds * 1000.0
-    if ms < 1.0:
+    """The TTL in ms of the delay queue used for ``seconds`` (0: no delay queue).
+
+    The smallest bucket of 16 per doubling (``ceil(2^(k/16))`` ms) that is not shorter
+    than the delay: a retry never runs early, and at most 2^(1/16) ≈ 4.4 % (+ 3 ms for
+    whole milliseconds) late. (Rounding to the nearest bucket ran half of all retries up to
+    2.2 % early, which could break the retry policy's [d/2, d] bound.)
+    """
+    if seconds <= 0:
         return 0
-    step = round(math.log2(ms) * DELAY_STEPS_PER_DOUBLING)
-    return max(1, round(2 ** (step / DELAY_STEPS_PER_DOUBLING)))
+    needed = math.ceil(Fraction(seconds) * 1000)  # whole ms, exactly, never below the delay
+    step = math.ceil(math.log2(needed) * DELAY_STEPS_PER_DOUBLING)
+    # the logarithm is a float: correct it to the smallest step whose bucket is long enough
+    while _bucket(step) < needed:
+        step += 1
+    while step > 0 and _bucket(step - 1) >= needed:
+        step -= 1
+    return _bucket(step)
 
 
 def exhausted_name(queue: str) -> str:
@@ -89,12 +123,15 @@ class RabbitMQTransport(Transport):
         worker_id: str = "jobfence",
         prefetch: int = 20,
         delivery_limit: int = 20,
+        max_message_size: int | None = None,
     ) -> None:
         self.url = url
         self.lease = lease
         self.worker_id = worker_id
         self.prefetch = prefetch
         self.delivery_limit = delivery_limit
+        self.max_message_size = max_message_size
+        self.server_version = ""
         self._conn: aio_pika.abc.AbstractRobustConnection | None = None
         self._pub: aio_pika.abc.AbstractChannel | None = None
         self._sub: aio_pika.abc.AbstractChannel | None = None
@@ -113,12 +150,14 @@ class RabbitMQTransport(Transport):
         options = Options(url, "rabbitmq")
         prefetch = options.integer("prefetch", 20, minimum=1)
         limit = options.integer("delivery_limit", 20, minimum=1)
+        size = options.integer("max_message_size", 0, minimum=0)
         return cls(
             options.remaining_url(),
             lease=lease,
             worker_id=worker_id,
             prefetch=prefetch,
             delivery_limit=limit,
+            max_message_size=size or None,
         )
 
     # -- connection -------------------------------------------------------------------------
@@ -130,6 +169,10 @@ class RabbitMQTransport(Transport):
             )
         except (OSError, aiormq.exceptions.AMQPError) as exc:
             raise ConfigurationError(f"cannot connect to RabbitMQ: {exc}") from None
+        underlay = self._conn.transport
+        properties = (underlay.connection.server_properties if underlay else None) or {}
+        version = properties.get("version", "")
+        self.server_version = version.decode() if isinstance(version, bytes) else str(version)
         self._pub = await self._conn.channel(publisher_confirms=True)
         self._opened = True
 
@@ -158,6 +201,23 @@ class RabbitMQTransport(Transport):
         self._conn = None
         self._pub = None
         self._held.clear()
+
+    @property
+    def max_payload(self) -> int | None:
+        if self.max_message_size is not None:
+            return self.max_message_size
+        if not self.server_version:
+            return None  # not connected yet
+        return default_max_message_size(self.server_version)
+
+    @property
+    def max_payload_reason(self) -> str:
+        if self.max_message_size is not None:
+            return "max_message_size from the transport URL"
+        return (
+            f"RabbitMQ {self.server_version}'s default max_message_size; a server configured "
+            "otherwise: add ?max_message_size= to the transport URL"
+        )
 
     @property
     def _channel(self) -> aio_pika.abc.AbstractChannel:
@@ -234,6 +294,7 @@ class RabbitMQTransport(Transport):
         await self._channel.default_exchange.publish(message, routing_key, mandatory=True)
 
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        self.check_payloads(jobs)
         await self._ensure_publisher()
         for start in range(0, len(jobs), PUBLISH_BATCH):
             chunk = jobs[start : start + PUBLISH_BATCH]

@@ -22,6 +22,8 @@ URL options (removed before connecting): ``prefix`` (default ``jobfence``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -46,6 +48,9 @@ PAYLOAD = "payload"
 PUBLISH_BATCH = 1000
 PROMOTE_EVERY = 0.05  # seconds between checks for due delayed jobs
 MAX_BLOCK = 1.0  # seconds one XREADGROUP may block
+#: Bytes of a command kept for everything but the payload (ids, headers, the script's
+#: other arguments) within the server's client-query-buffer-limit.
+COMMAND_ROOM = 64 * 1024
 
 # Ack the old entry (if still ours) and add the new copy, now or delayed, atomically.
 # KEYS: stream, delayed zset, message hash. ARGV: group, consumer, old id, delay ms, fields…
@@ -81,7 +86,9 @@ for _, key in ipairs(due) do
 end
 local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #nxt == 0 then return {#due, -1} end
-return {#due, tonumber(nxt[2]) - now}
+local wait = tonumber(nxt[2]) - now
+if wait < 0 then wait = 0 end  -- more were due than one call moves
+return {#due, wait}
 """
 
 # Reset the idle time of entries still pending to this consumer (never steal one).
@@ -133,12 +140,18 @@ class RedisTransport(Transport):
         self.prefix = prefix
         self.group = prefix
         self._redis: aioredis.Redis | None = None
+        self._limits: dict[str, int] = {}
         self._groups: set[str] = set()
         self._claimed: deque[Delivery] = deque()
         self._reads = ShieldedFetch()
         self._consumed: set[str] = set()
         self._last_promote: dict[str, float] = {}
         self._next_due: dict[str, float] = {}
+        # delayed copies this worker scheduled: queue -> [(scheduled at, due at)] (monotonic)
+        self._expected: dict[str, list[tuple[float, float]]] = {}
+        self._timer: asyncio.Task[None] | None = None
+        self._timer_wake = asyncio.Event()
+        self._closed = False
         self._seq = 0
         self._schedule: Any = None
         self._promote: Any = None
@@ -175,6 +188,7 @@ class RedisTransport(Transport):
         )
         try:
             settings = await self._settings(client)
+            limits = await self._read_limits(client)
         except (OSError, redis.exceptions.RedisError) as exc:
             await client.aclose()
             raise ConfigurationError(f"cannot connect to Redis: {exc}") from None
@@ -184,12 +198,15 @@ class RedisTransport(Transport):
                 "queued job; run it with --appendonly yes --appendfsync always",
                 extra={"settings": settings},
             )
+        self._limits = limits
+        self._closed = False
         self._redis = client
         self._schedule = client.register_script(SCHEDULE)
         self._promote = client.register_script(PROMOTE)
         self._extend = client.register_script(EXTEND)
 
     async def close(self) -> None:
+        self._closed = True
         if self._redis is None:
             return
         # what was read or taken over but never handed to a harness goes back, refunded
@@ -199,6 +216,11 @@ class RedisTransport(Transport):
             except Exception:
                 log.exception("could not hand back a fetched entry; a takeover will")
         self._claimed.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+            self._timer = None
         if self._redis is not None:
             redis_client, self._redis = self._redis, None
             await redis_client.aclose()
@@ -217,6 +239,33 @@ class RedisTransport(Transport):
             for key, value in raw.items():
                 found[_text(key)] = _text(value)
         return found
+
+    @staticmethod
+    async def _read_limits(client: aioredis.Redis) -> dict[str, int]:
+        """The server's size limits: one argument (``proto-max-bulk-len``, 512 MB by default)
+        and one whole command (``client-query-buffer-limit``, 1 GB by default)."""
+        found: dict[str, int] = {}
+        for name in ("proto-max-bulk-len", "client-query-buffer-limit"):
+            raw = await client.config_get(name)
+            for key, value in raw.items():
+                found[_text(key)] = int(_text(value))
+        return found
+
+    @property
+    def max_payload(self) -> int | None:
+        if not self._limits:
+            return None
+        bulk = self._limits.get("proto-max-bulk-len", 512 * 1024 * 1024)
+        command = self._limits.get("client-query-buffer-limit", 1024 * 1024 * 1024)
+        return min(bulk, command - COMMAND_ROOM)
+
+    @property
+    def max_payload_reason(self) -> str:
+        return (
+            f"the server's proto-max-bulk-len {self._limits.get('proto-max-bulk-len')} and "
+            f"client-query-buffer-limit {self._limits.get('client-query-buffer-limit')} less "
+            f"{COMMAND_ROOM} for the rest of the command"
+        )
 
     async def durability(self) -> dict[str, str]:
         """The server's persistence settings, as it reports them."""
@@ -243,6 +292,7 @@ class RedisTransport(Transport):
         return fields
 
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        self.check_payloads(jobs)
         for queue in {job.queue for job in jobs}:
             await self._ensure_group(queue)
         for start in range(0, len(jobs), PUBLISH_BATCH):
@@ -296,11 +346,67 @@ class RedisTransport(Transport):
         _moved, wait_ms = await self._promote(
             keys=[self.delayed_key(queue), self.stream_key(queue)], args=[500]
         )
+        # what this worker scheduled before the script ran, and was due by then, it moved;
+        # a retry scheduled meanwhile may be missing from its answer: keep expecting it
+        expected = [(r, d) for r, d in self._expected.get(queue, []) if r >= now or d > now]
+        if expected:
+            self._expected[queue] = expected
+        else:
+            self._expected.pop(queue, None)
         if int(wait_ms) < 0:
             self._next_due.pop(queue, None)
             return None
         self._next_due[queue] = now + int(wait_ms) / 1000
+        self._arm()
         return int(wait_ms) / 1000
+
+    def _expect(self, queue: str, delay: float) -> None:
+        """This worker scheduled a delayed copy of a job of ``queue``, due in ``delay``
+        seconds: the promotion timer moves it into the stream then."""
+        now = time.monotonic()
+        self._expected.setdefault(queue, []).append((now, now + delay))
+        self._arm()
+
+    def _arm(self) -> None:
+        """(Re)start the promotion timer on the earliest due time known."""
+        if self._closed:
+            return
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.create_task(self._promote_on_time(), name="jobfence-promote")
+        self._timer_wake.set()
+
+    def _due_times(self) -> dict[str, float]:
+        """Per queue, the earliest time (monotonic) a delayed job is known to fall due."""
+        found = dict(self._next_due)
+        for queue, expected in self._expected.items():
+            earliest = min(due for _, due in expected)
+            found[queue] = min(found.get(queue, earliest), earliest)
+        return found
+
+    async def _promote_on_time(self) -> None:
+        """Promote a queue's delayed jobs as soon as the earliest one falls due. Its XADD
+        wakes whichever worker is blocked reading the stream, so a retry runs on time
+        instead of after the blocking read that was waiting when it was scheduled."""
+        while True:
+            self._timer_wake.clear()
+            due_times = self._due_times()
+            if not due_times:
+                await self._timer_wake.wait()
+                continue
+            queue, due = min(due_times.items(), key=lambda item: item[1])
+            wait = due - time.monotonic()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._timer_wake.wait(), timeout=wait)
+                continue
+            try:
+                await self._promote_due(queue, force=True)
+            except (OSError, redis.exceptions.RedisError) as exc:
+                log.warning(
+                    "could not promote due delayed jobs; trying again in a second",
+                    extra={"queue": queue, "error": f"{type(exc).__name__}: {exc}"},
+                )
+                await asyncio.sleep(1.0)
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         if limit <= 0:
@@ -377,6 +483,8 @@ class RedisTransport(Transport):
         record = retry_record(delivery, delay, category, error)
         meta = Meta.again(delivery, attempts=delivery.attempt, history=[*delivery.history, record])
         await self._copy(delivery, meta, delay.total_seconds())
+        if delay.total_seconds() > 0:
+            self._expect(delivery.queue, delay.total_seconds())
 
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
         attempts = delivery.attempt if attempted else delivery.attempt - 1
