@@ -42,9 +42,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .db import Database, Tx
+from .db import Database, Tx, to_datetime
 from .errors import TAXONOMY, Category, ConfigurationError, clean_text
-from .store import from_datetime, to_datetime
 
 if TYPE_CHECKING:
     import httpx
@@ -411,7 +410,7 @@ class AlertDispatcher:
         """Group what is new, then deliver what is due (``now`` pins the clock for tests)."""
         result = TickResult()
         moment = await self._now(now)
-        work = await self.db.run("alert_work", {"now": from_datetime(self.db.dialect, moment)})
+        work = await self.db.run("alert_work", {"now": self.db.at(moment)})
         if not work[0]["work"]:
             return result  # idle: write nothing (and leave SQLite's writer lock alone)
         if not await self.lease.acquire():
@@ -427,7 +426,6 @@ class AlertDispatcher:
     # grouping ---------------------------------------------------------------------------
 
     async def _group(self, result: TickResult) -> int:
-        dialect = self.db.dialect
         async with self.db.transaction() as tx:
             if not await self.lease.renew(tx):
                 return 0
@@ -486,8 +484,8 @@ class AlertDispatcher:
                         "queue": key[1],
                         "category": key[2],
                         "fingerprint": key[3],
-                        "window_start": from_datetime(dialect, group.window_start),
-                        "window_end": from_datetime(dialect, group.window_end),
+                        "window_start": self.db.at(group.window_start),
+                        "window_end": self.db.at(group.window_end),
                         "summary_id": group.summary_id,
                     },
                 )
@@ -495,7 +493,7 @@ class AlertDispatcher:
                 ids = [int(e["id"]) for e in events]
                 await tx.q(
                     "alert_events_delete",
-                    {"ids": ids if dialect == "postgresql" else json.dumps(ids)},
+                    {"ids": self.db.array(ids)},
                 )
         result.events += len(events)
         return len(events)
@@ -546,7 +544,6 @@ class AlertDispatcher:
         end: datetime,
         ready: datetime,
     ) -> int:
-        dialect = self.db.dialect
         rows = await tx.q(
             "alert_insert",
             {
@@ -558,16 +555,16 @@ class AlertDispatcher:
                 "title": title,
                 "details": json.dumps(dict(details)),
                 "count": count,
-                "window_start": from_datetime(dialect, start),
-                "window_end": from_datetime(dialect, end),
-                "ready_at": from_datetime(dialect, ready),
+                "window_start": self.db.at(start),
+                "window_end": self.db.at(end),
+                "ready_at": self.db.at(ready),
             },
         )
         alert_id = int(rows[0]["id"])
         for sink in self.sinks:
             await tx.q(
                 "alert_delivery_insert",
-                {"alert_id": alert_id, "sink": sink.key, "at": from_datetime(dialect, ready)},
+                {"alert_id": alert_id, "sink": sink.key, "at": self.db.at(ready)},
             )
         return alert_id
 
@@ -577,9 +574,7 @@ class AlertDispatcher:
         if not self.sinks:
             return
         by_key = {sink.key: sink for sink in self.sinks}
-        due = await self.db.run(
-            "alert_due", {"now": from_datetime(self.db.dialect, now), "limit": DELIVERY_BATCH}
-        )
+        due = await self.db.run("alert_due", {"now": self.db.at(now), "limit": DELIVERY_BATCH})
         per_sink: dict[str, list[Mapping[str, Any]]] = {}
         for row in due:
             if row["sink"] in by_key:
@@ -624,7 +619,7 @@ class AlertDispatcher:
                 {
                     **ref,
                     "error": error,
-                    "now": from_datetime(self.db.dialect, now),
+                    "now": self.db.at(now),
                     "delay": delay,
                 },
             )

@@ -37,7 +37,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from .db import Database, Tx
-from .store import from_datetime
 
 if TYPE_CHECKING:
     from .alerts import AlertSink
@@ -150,7 +149,7 @@ async def cleanup_fences(
     lease = Lease(db, LEASE_NAME, holder or default_holder(), LEASE_TTL)
     started = time.monotonic()
     params = {
-        "now": from_datetime(db.dialect, now),
+        "now": db.at(now),
         "min_age": min_age.total_seconds(),
         "limit": batch,
     }

@@ -770,7 +770,7 @@ def token_list(database_url: str | None, include_revoked: bool, as_json: bool) -
         async with _opened(database_url) as app:
             return await list_tokens(app.db, include_revoked=include_revoked)
 
-    from .store import to_datetime
+    from .db import to_datetime
 
     tokens = [
         {**t, **{k: to_datetime(t[k]) for k in ("created_at", "expires_at", "revoked_at")}}
@@ -883,7 +883,7 @@ def alerts_deliver(
 def alerts_list(database_url: str | None, limit: int, as_json: bool) -> None:
     """The latest alerts and where each was delivered."""
     from .alerts import recent_alerts
-    from .store import to_datetime
+    from .db import to_datetime
 
     async def go() -> list[dict[str, Any]]:
         async with _opened(database_url) as app:

@@ -39,14 +39,14 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Literal, TypeVar
 
-from .db import Database, Tx
+from .db import Database, Tx, to_datetime
 from .errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
-from .store import DeadLetter, OutgoingJob, Store, from_datetime, to_datetime
+from .store import DeadLetter, OutgoingJob, Store
 from .transports import Transport
 
 T = TypeVar("T")
@@ -141,7 +141,7 @@ class Filter:
             out["ids"] = list(self.ids)
         return out
 
-    def params(self, dialect: str, partner: str | None) -> dict[str, Any]:
+    def params(self, db: Database, partner: str | None) -> dict[str, Any]:
         return {
             "status": self.status,
             "queue": self.queue,
@@ -149,9 +149,9 @@ class Filter:
             "category": self.category,
             "job_id": self.job_id,
             "error": _like(self.error) if self.error is not None else None,
-            "since": from_datetime(dialect, _aware(self.since)),  # type: ignore[arg-type]
-            "until": from_datetime(dialect, _aware(self.until)),  # type: ignore[arg-type]
-            "ids": _ids(dialect, self.ids) if self.ids is not None else None,
+            "since": db.at(_aware(self.since)),
+            "until": db.at(_aware(self.until)),
+            "ids": db.array(self.ids),
             "partner": partner,
         }
 
@@ -254,11 +254,6 @@ def _aware(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def _ids(dialect: str, ids: Iterable[int]) -> Any:
-    values = [int(i) for i in ids]
-    return values if dialect == "postgresql" else json.dumps(values)
 
 
 def _like(text: str) -> str:
@@ -393,7 +388,7 @@ async def search(
     """Letters matching ``flt`` within the actor's scope, newest first, without payloads."""
     flt = flt.check()
     params = {
-        **flt.params(db.dialect, actor.partner),
+        **flt.params(db, actor.partner),
         "before": _id(before, "before (the cursor)", low=0),
         "limit": _limit(limit),
     }
@@ -489,7 +484,7 @@ async def discard(db: Database, letter_id: int, *, actor: Actor, reason: str) ->
             "dl_discard",
             {"id": letter_id, "actor": actor.name, "reason": why, "scope": actor.partner},
         )
-        rows = await tx.q("dl_lock_for_review", {"ids": _ids(db.dialect, [letter_id])})
+        rows = await tx.q("dl_lock_for_review", {"ids": db.array([letter_id])})
         if not rows or not actor.sees(rows[0]["partner"]):
             raise NotFound(f"no dead letter {letter_id}")
         if not done:
@@ -503,7 +498,7 @@ async def discard(db: Database, letter_id: int, *, actor: Actor, reason: str) ->
                 "replay_id": None,
                 "reason": why,
                 "details": json.dumps({"outcome": "discarded"}),
-                "ids": _ids(db.dialect, [letter_id]),
+                "ids": db.array([letter_id]),
                 "old_state": "pending_review",
             },
         )
@@ -558,10 +553,7 @@ async def _replay_ids(
                 raise ReviewConflict(
                     f"replay {replay_id} is no longer ours to run (another runner took it over)"
                 )
-        rows = {
-            int(r["id"]): r
-            for r in await tx.q("dl_lock_for_review", {"ids": _ids(db.dialect, ids)})
-        }
+        rows = {int(r["id"]): r for r in await tx.q("dl_lock_for_review", {"ids": db.array(ids)})}
         for letter_id in ids:
             row = rows.get(letter_id)
             if row is None or not actor.sees(row["partner"]):
@@ -595,16 +587,16 @@ async def _replay_ids(
             await tx.q(
                 "dl_mark_replayed",
                 {
-                    "ids": _ids(db.dialect, publish + applied),
+                    "ids": db.array(publish + applied),
                     "actor": actor.name,
                     "reason": reason,
                 },
             )
         if publish:
             if in_tx:
-                await tx.q("dl_requeue", {"ids": _ids(db.dialect, publish)})
+                await tx.q("dl_requeue", {"ids": db.array(publish)})
             else:
-                payloads = await tx.q("dl_payloads", {"ids": _ids(db.dialect, publish)})
+                payloads = await tx.q("dl_payloads", {"ids": db.array(publish)})
                 await transport.publish(
                     [
                         OutgoingJob(
@@ -624,7 +616,7 @@ async def _replay_ids(
                         "replay_id": replay_id,
                         "reason": reason,
                         "details": json.dumps({"outcome": outcome}),
-                        "ids": _ids(db.dialect, letters),
+                        "ids": db.array(letters),
                         "old_state": "pending_review",
                     },
                 )
@@ -637,7 +629,7 @@ async def _replay_ids(
                     "replay_items_done",
                     {
                         "replay_id": replay_id,
-                        "ids": _ids(db.dialect, letters),
+                        "ids": db.array(letters),
                         "outcome": outcome,
                         "detail": note,
                     },
@@ -688,7 +680,7 @@ async def preview_replay(
         replay_id = int(created[0]["id"])
         await tx.q(
             "replay_snapshot",
-            {**flt.params(db.dialect, actor.partner), "replay_id": replay_id, "limit": limit + 1},
+            {**flt.params(db, actor.partner), "replay_id": replay_id, "limit": limit + 1},
         )
         total = int((await tx.q("replay_set_total", {"replay_id": replay_id}))[0]["total"])
         if total > limit:

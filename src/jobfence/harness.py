@@ -20,12 +20,11 @@ import asyncio
 import contextvars
 import enum
 import inspect
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -34,7 +33,7 @@ from .codec import Decoder
 from .db import BatchLost, Database, SyncTx, Tx, current_tx
 from .db.postgres import PostgresDatabase
 from .errors import Category, PoisonPayload, Retry, classify, describe, error_code
-from .jobs import Delivery, Job
+from .jobs import Delivery, Job, history_json
 from .observers import Observers
 from .retry import RetryPolicy
 from .store import DEFAULT_PAYLOAD_LIMIT, FenceOutcome, Store
@@ -323,7 +322,7 @@ class Harness:
                     "attempts": delivery.attempt,
                     "delay": decision.delay.total_seconds(),
                     "enqueued_at": delivery.enqueued_at,
-                    "history": json.dumps([asdict(h) for h in delivery.history]),
+                    "history": history_json(delivery.history),
                     "category": category.value,
                     "error": error,
                 },

@@ -11,7 +11,9 @@ Job states in the database queue (enforced by CHECK constraints, drawn in docs/c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -40,6 +42,27 @@ class AttemptRecord:
             error=str(data.get("error", "")),
             retry_at=data.get("retry_at"),
         )
+
+
+def history_json(history: Iterable[AttemptRecord]) -> str:
+    """A job's attempt history as stored (queue rows, dead letters, broker headers): the one
+    writer; :func:`history_from` is the one reader."""
+    return json.dumps([asdict(h) for h in history], separators=(",", ":"), ensure_ascii=False)
+
+
+def history_from(value: Any) -> list[AttemptRecord]:
+    """Read a stored history (JSON text or bytes, or a decoded ``jsonb`` list); anything
+    unreadable is an empty history."""
+    if not value:
+        return []
+    if isinstance(value, str | bytes | bytearray):
+        try:
+            value = json.loads(value)
+        except (ValueError, UnicodeDecodeError):
+            return []
+    if not isinstance(value, list):
+        return []
+    return [AttemptRecord.from_json(item) for item in value if isinstance(item, dict)]
 
 
 @dataclass

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import Counter
 
-from .db import Database, SyncTx, Tx
+from .db import Database, SyncTx, Tx, to_datetime
 from .errors import (
     Category,
     ConfigurationError,
@@ -51,8 +51,8 @@ from .errors import (
     error_code,
 )
 from .retry import RetryPolicy
-from .sql import Dialect, queries
-from .store import OutgoingJob, to_datetime
+from .sql import queries
+from .store import OutgoingJob
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -276,12 +276,6 @@ def _summary(row: Mapping[str, Any]) -> EventSummary:
     )
 
 
-def _list_param(dialect: Dialect, values: Sequence[Any] | None) -> Any:
-    if values is None:
-        return None
-    return list(values) if dialect == "postgresql" else json.dumps(list(values))
-
-
 async def list_events(
     db: Database, *, state: str | None = None, queue: str | None = None, limit: int = 50
 ) -> list[EventSummary]:
@@ -410,7 +404,7 @@ async def redrive(
             {
                 "actor": who.name,
                 "reason": reason,
-                "event_ids": _list_param(db.dialect, event_ids),
+                "event_ids": db.array(event_ids),
                 "queue": queue,
             },
         )
@@ -692,7 +686,7 @@ class Relay:
         self.stats.published += len(group)
 
     async def _mark(self, group: list[OutboxEvent]) -> None:
-        ids = _list_param(self.db.dialect, [e.id for e in group])
+        ids = self.db.array([e.id for e in group])
         async with self.db.transaction() as tx:
             rows = await tx.q("outbox_mark_published", {"ids": ids})
             if self.on_published is not None and rows:

@@ -11,12 +11,12 @@ import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from .db import Database, Tx
+from .db import Database, Tx, to_datetime
 from .errors import Category, SchemaError
-from .jobs import AttemptRecord, Delivery
+from .jobs import AttemptRecord, Delivery, history_from, history_json
 from .sql import Dialect, migrations
 
 DEFAULT_PAYLOAD_LIMIT = 10 * 1024 * 1024
@@ -107,26 +107,6 @@ def partner_of(payload: bytes) -> str | None:
     except UnicodeEncodeError:
         return None
     return value
-
-
-def to_datetime(value: Any) -> datetime | None:
-    """A database time (timestamptz, or SQLite epoch seconds) as an aware datetime."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value
-    return datetime.fromtimestamp(float(value), tz=UTC)
-
-
-def from_datetime(dialect: Dialect, value: datetime | None) -> Any:
-    if value is None or dialect == "postgresql":
-        return value
-    return value.timestamp()
-
-
-def history_of(value: Any) -> list[AttemptRecord]:
-    items = json.loads(value) if isinstance(value, str | bytes) else (value or [])
-    return [AttemptRecord.from_json(item) for item in items if isinstance(item, dict)]
 
 
 class Store:
@@ -343,8 +323,8 @@ class Store:
             "category": category.value,
             "error_code": code,
             "error": error,
-            "history": json.dumps([asdict(h) for h in delivery.history]),
-            "enqueued_at": from_datetime(self.dialect, delivery.enqueued_at),
+            "history": history_json(delivery.history),
+            "enqueued_at": self.db.at(delivery.enqueued_at),
             "partner": partner_of(payload),
         }
 
@@ -386,7 +366,7 @@ class Store:
             enqueued_at=to_datetime(row["enqueued_at"]),
             failed_at=failed_at,
             payload=bytes(payload) if payload is not None else None,
-            history=history_of(row["history"]) if "history" in row else [],
+            history=history_from(row["history"]) if "history" in row else [],
             partner=row.get("partner"),
             previous_id=row.get("previous_id"),
             reviewed_at=to_datetime(row.get("reviewed_at")),

@@ -25,7 +25,7 @@ from jobfence.config import parse_database_url
 from jobfence.db import Database, connect
 from jobfence.ops.app import create_app
 from jobfence.ops.auth import create_token
-from jobfence.store import from_datetime, partner_of
+from jobfence.store import partner_of
 
 
 @asynccontextmanager
@@ -69,7 +69,7 @@ def letter_params(
         "error_code": code,
         "error": error,
         "history": "[]",
-        "enqueued_at": from_datetime(dialect, None),  # type: ignore[arg-type]
+        "enqueued_at": None,
         "partner": partner_of(data),
     }
 

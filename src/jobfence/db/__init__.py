@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
+import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, LiteralString
 
 from ..config import DatabaseURL
@@ -274,14 +276,42 @@ class SyncTx:
         self._run(manager.__aexit__(None, None, None))
 
 
+def to_datetime(value: Any) -> datetime | None:
+    """A database time (``timestamptz``, or SQLite's epoch seconds) as an aware datetime."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromtimestamp(float(value), tz=UTC)
+
+
 class Database(ABC):
-    """A pool of connections to one database."""
+    """A pool of connections to one database.
+
+    Parameters that the dialects spell differently are adapted here, so that code above the
+    driver never asks which dialect it runs on: :meth:`at` for times, :meth:`array` for the
+    lists a named query matches against.
+    """
 
     dialect: Dialect
 
     def __init__(self, url: DatabaseURL) -> None:
         self.url = url
         self.sql = queries(url.dialect)
+
+    def at(self, value: datetime | None) -> Any:
+        """A time as a query parameter (``timestamptz``; epoch seconds on SQLite)."""
+        if value is None or self.dialect == "postgresql":
+            return value
+        return value.timestamp()
+
+    def array(self, values: Iterable[Any] | None) -> Any:
+        """A list as a query parameter (an array; a JSON array that SQLite's queries unpack
+        with ``json_each``); None stays None."""
+        if values is None:
+            return None
+        items = list(values)
+        return items if self.dialect == "postgresql" else json.dumps(items)
 
     @abstractmethod
     async def open(self, max_size: int = 10) -> None: ...
@@ -341,4 +371,5 @@ __all__ = [
     "current_tx",
     "is_data_error",
     "is_unique_violation",
+    "to_datetime",
 ]

@@ -40,9 +40,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import parse_database_url
-from ..db import Database, connect
+from ..db import Database, connect, to_datetime
 from ..errors import ConfigurationError
-from ..store import to_datetime
 
 log = logging.getLogger("jobfence.http")
 

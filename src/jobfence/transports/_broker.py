@@ -10,16 +10,15 @@ lost with a killed worker — are written into the history as such.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import deque
-from collections.abc import Coroutine, Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import Category, ConfigurationError
-from ..jobs import AttemptRecord, Delivery
+from ..jobs import AttemptRecord, Delivery, history_from, history_json
 from ..store import OutgoingJob
 
 #: Header / field names carried by every broker message.
@@ -50,22 +49,6 @@ def parse_iso(value: str | bytes | None) -> datetime | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def history_json(history: Iterable[AttemptRecord]) -> str:
-    return json.dumps([asdict(h) for h in history], separators=(",", ":"), ensure_ascii=False)
-
-
-def history_from(value: str | bytes | None) -> list[AttemptRecord]:
-    if not value:
-        return []
-    try:
-        items = json.loads(value)
-    except (ValueError, UnicodeDecodeError):
-        return []
-    if not isinstance(items, list):
-        return []
-    return [AttemptRecord.from_json(item) for item in items if isinstance(item, dict)]
 
 
 def retry_record(

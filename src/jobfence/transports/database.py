@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..db import Database
+from ..db import Database, to_datetime
 from ..errors import Category
-from ..jobs import Delivery
-from ..store import OutgoingJob, Store, history_of, to_datetime
+from ..jobs import Delivery, history_from
+from ..store import OutgoingJob, Store
 from . import Transport
 
 log = logging.getLogger("jobfence.transport")
@@ -142,7 +142,7 @@ class DatabaseQueue(Transport):
                 attempt=int(row["attempts"]),
                 correlation_id=row["correlation_id"],
                 enqueued_at=to_datetime(row["enqueued_at"]),
-                history=history_of(row["history"]),
+                history=history_from(row["history"]),
                 token=row["lease_token"],
                 ref=row["id"],
             )

@@ -56,7 +56,7 @@ from nats.js.api import (
 )
 
 from ..errors import Category, ConfigurationError, EnqueueError
-from ..jobs import AttemptRecord, Delivery
+from ..jobs import AttemptRecord, Delivery, history_from, history_json
 from ..store import OutgoingJob
 from . import Transport
 from ._broker import (
@@ -64,8 +64,6 @@ from ._broker import (
     Meta,
     Options,
     ShieldedFetch,
-    history_from,
-    history_json,
     retry_record,
 )
 
