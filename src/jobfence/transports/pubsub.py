@@ -221,6 +221,21 @@ def dead_letter_attributes(
     return found
 
 
+def delayed_step(wait: float) -> tuple[str, float]:
+    """What a worker does with a delayed job due in ``wait`` seconds (its clock):
+
+    * ``("move", 0)`` — due: publish it to the queue's topic now;
+    * ``("hold", s)`` — give it back to Pub/Sub for ``s`` whole seconds (its ack deadline:
+      1 ≤ s ≤ min(wait, 600)), after which Pub/Sub hands it out again, never early;
+    * ``("timer", wait)`` — less than a second left: wait for it in this process.
+    """
+    if wait <= 0:
+        return ("move", 0.0)
+    if wait < 1.0:
+        return ("timer", wait)
+    return ("hold", float(min(int(wait), MAX_ACK_DEADLINE)))
+
+
 def _seconds(value: Any) -> float:
     """A protobuf Duration as proto-plus hands it over (a timedelta), in seconds."""
     if isinstance(value, timedelta):
@@ -741,12 +756,12 @@ class PubSubTransport(Transport):
                 delay = float(item.message.attributes.get(DELAY) or 0)
             except ValueError:
                 delay = 0.0
-            wait = item.message.publish_time.timestamp() + delay - now
-            if wait >= 1.0:
-                holds.setdefault(min(int(wait), MAX_ACK_DEADLINE), []).append(item.ack_id)
-            elif wait > 0:
+            step, seconds = delayed_step(item.message.publish_time.timestamp() + delay - now)
+            if step == "hold":
+                holds.setdefault(int(seconds), []).append(item.ack_id)
+            elif step == "timer":
                 timer = asyncio.get_running_loop().create_task(
-                    self._move_later(queue, names, item, wait)
+                    self._move_later(queue, names, item, seconds)
                 )
                 self._timers[timer] = (subscription, item.ack_id)
                 timer.add_done_callback(lambda t: self._timers.pop(t, None))
