@@ -738,6 +738,9 @@ class PubSubTransport(Transport):
                 with contextlib.suppress(Exception):
                     await self._lost_topology(queue, exc)
                 await asyncio.sleep(1.0)
+            except gexc.ServiceUnavailable as exc:
+                log.warning("Pub/Sub is unavailable: delayed jobs wait", extra={"error": str(exc)})
+                await asyncio.sleep(1.0)
             except Exception:
                 log.exception("moving delayed jobs failed; trying again", extra={"queue": queue})
                 await asyncio.sleep(1.0)
