@@ -243,6 +243,42 @@ def _seconds(value: Any) -> float:
     return float(getattr(value, "seconds", 0) or 0) + float(getattr(value, "nanos", 0) or 0) / 1e9
 
 
+class _AckBatcher:
+    """Acks that arrive while one Acknowledge request is on its way go out together in the
+    next one (per subscription): under load one request answers many jobs, and an ack still
+    returns only once Pub/Sub has it."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self._pending: dict[str, list[tuple[str, asyncio.Future[None]]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def ack(self, subscription: str, ack_id: str) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(subscription, []).append((ack_id, done))
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        await done
+
+    async def _run(self) -> None:
+        try:
+            while self._pending:
+                pending, self._pending = self._pending, {}
+                for subscription, items in pending.items():
+                    try:
+                        await self._send(subscription, [ack_id for ack_id, _ in items])
+                    except Exception as exc:
+                        for _, done in items:
+                            if not done.done():
+                                done.set_exception(exc)
+                    else:
+                        for _, done in items:
+                            if not done.done():
+                                done.set_result(None)
+        finally:
+            self._task = None
+
+
 class PubSubTransport(Transport):
     """Jobs as messages of Google Cloud Pub/Sub topics, pulled from one shared subscription."""
 
@@ -318,6 +354,7 @@ class PubSubTransport(Transport):
         self._timers: dict[asyncio.Task[None], tuple[str, str]] = {}
         self._exhausted: deque[Delivery] = deque()
         self._reads = ShieldedFetch()
+        self._acks = _AckBatcher(self._ack_ids)
 
     @classmethod
     def from_url(cls, url: str, *, lease: timedelta, worker_id: str) -> PubSubTransport:
@@ -808,7 +845,7 @@ class PubSubTransport(Transport):
 
     async def ack(self, delivery: Delivery) -> None:
         token: _Token = delivery.token
-        await self._ack_ids(token.subscription, [token.ack_id])
+        await self._acks.ack(token.subscription, token.ack_id)
 
     async def retry(
         self, delivery: Delivery, delay: timedelta, category: Category, error: str
