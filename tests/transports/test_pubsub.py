@@ -511,30 +511,7 @@ async def test_a_job_enqueued_for_later_waits_on_the_delay_subscription(pubsub: 
 # -- long handlers (seed E6) -----------------------------------------------------------------------
 
 
-async def test_a_handler_three_times_longer_than_the_ack_deadline_is_not_redelivered(
-    pubsub: Target,
-) -> None:
-    """Lease (ack deadline) 1 s, handler 3.5 s: the worker's ModifyAckDeadline renewals keep
-    the message its own; one delivery, attempt 1, one effect, acked."""
-    app = pubsub.app(lease=1.0)
-    calls: list[int] = []
-
-    @app.consumer(pubsub.queue)
-    async def handle(job: Job[Any], tx: Tx) -> None:
-        calls.append(job.attempt)
-        await asyncio.sleep(3.5)
-        await effect(tx, job)
-
-    async with app:
-        await app.enqueue(pubsub.queue, {"n": 1}, job_id="long-1")
-        async with RunningWorker(app, concurrency=4, poll_interval=0.5) as w:
-            await eventually(lambda: w.stats.handled == 1, what="handled")
-            # a redelivery would arrive within a deadline (1 s): give it two
-            await asyncio.sleep(2.0)
-    assert calls == [1]
-    assert w.stats.handled == 1
-    assert await effects(pubsub.database_url) == [("long-1", 1)]
-    assert await remaining(pubsub) == 0
+# (a handler longer than the ack deadline, renewed: tests/contract, for every transport)
 
 
 class NoRenewal(PubSubTransport):
