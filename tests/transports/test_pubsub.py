@@ -231,6 +231,27 @@ async def test_declared_policies_read_back_from_the_server(pubsub: Target) -> No
     }
 
 
+async def test_a_queue_name_outside_pubsubs_alphabet_is_encoded(pubsub: Target) -> None:
+    """Queue "orders/eu west": its topic is jobfence.orders%2Feu%20west (Pub/Sub allows
+    letters, digits and - _ . ~ + %), and a job goes through it."""
+    app = pubsub.app()
+    queue = "orders/eu west"
+    got: list[str] = []
+
+    @app.consumer(queue)
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        got.append(job.job_id)
+
+    async with app:
+        transport = app.transport
+        assert isinstance(transport, PubSubTransport)
+        assert transport.names(queue).subscription == "jobfence.orders%2Feu%20west.workers"
+        await app.enqueue(queue, {"n": 1}, job_id="eu-1")
+        async with RunningWorker(app, poll_interval=0.5) as w:
+            await eventually(lambda: w.stats.handled == 1, what="handled")
+    assert got == ["eu-1"]
+
+
 async def test_verify_only_refuses_what_is_missing_or_different(pubsub: Target) -> None:
     """create=0 (production, where workers may not create resources): a missing topic is a
     one-line error naming it; once created (here by a transport that may), it is used; a

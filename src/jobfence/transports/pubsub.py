@@ -651,15 +651,16 @@ class PubSubTransport(Transport):
         )
 
     async def _publish_to_queue(
-        self, queue: str, messages: Sequence[types.PubsubMessage], *, delayed: bool
+        self, queue: str, messages: Sequence[types.PubsubMessage], *, to: str = "topic"
     ) -> None:
+        """Publish to one of ``queue``'s topics (``to``: a :class:`Names` field), creating the
+        topology again once if it is gone."""
         names = await self.declare(queue)
-        topic = names.delay_topic if delayed else names.topic
         try:
-            await self._publish(topic, messages)
+            await self._publish(getattr(names, to), messages)
         except gexc.NotFound as exc:
             await self._lost_topology(queue, exc)
-            await self._publish(topic, messages)
+            await self._publish(getattr(await self.declare(queue), to), messages)
 
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
         groups: dict[tuple[str, bool], list[types.PubsubMessage]] = {}
@@ -670,7 +671,7 @@ class PubSubTransport(Transport):
             groups.setdefault((job.queue, job.delay > 0), []).append(message)
         await asyncio.gather(
             *(
-                self._publish_to_queue(queue, messages, delayed=delayed)
+                self._publish_to_queue(queue, messages, to="delay_topic" if delayed else "topic")
                 for (queue, delayed), messages in groups.items()
             )
         )
@@ -678,7 +679,9 @@ class PubSubTransport(Transport):
     async def _copy(self, delivery: Delivery, meta: Meta, delay: float) -> None:
         """Publish a new copy of ``delivery`` (confirmed), then ack the old one."""
         message = types.PubsubMessage(data=delivery.payload, attributes=attributes(meta, delay))
-        await self._publish_to_queue(delivery.queue, [message], delayed=delay > 0)
+        await self._publish_to_queue(
+            delivery.queue, [message], to="delay_topic" if delay > 0 else "topic"
+        )
         await self.ack(delivery)
 
     # -- consuming --------------------------------------------------------------------------
@@ -828,7 +831,7 @@ class PubSubTransport(Transport):
             attrs = dict(item.message.attributes)
             attrs.pop(DELAY, None)
             messages.append(types.PubsubMessage(data=item.message.data, attributes=attrs))
-        await self._publish_to_queue(queue, messages, delayed=False)
+        await self._publish_to_queue(queue, messages)
         await self._ack_ids(
             self.subscription_path(names.delay_subscription), [i.ack_id for i in items]
         )
@@ -880,14 +883,14 @@ class PubSubTransport(Transport):
         token: _Token = delivery.token
         if token.from_dlq:
             return
-        names = self.names(delivery.queue)
         message = types.PubsubMessage(
             data=delivery.payload,
             attributes=dead_letter_attributes(
-                delivery, names, consumer=consumer, category=category, code=code
+                delivery, self.names(delivery.queue), consumer=consumer, category=category,
+                code=code,
             ),
-        )
-        await self._publish(names.dlq_topic, [message])
+        )  # fmt: skip
+        await self._publish_to_queue(delivery.queue, [message], to="dlq_topic")
 
     # -- what Pub/Sub dead-lettered -----------------------------------------------------------
 
