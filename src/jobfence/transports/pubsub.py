@@ -48,7 +48,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -173,16 +173,19 @@ def read_meta(attrs: dict[str, str], fallback_job_id: str) -> Meta:
     return replace(meta, history=history)
 
 
-def _payload_text(payload: bytes, *keys: str) -> str:
-    """The first non-blank string among ``keys`` of a JSON-object payload, else ""."""
+def _payload_object(payload: bytes) -> dict[str, Any]:
+    """A payload that is a JSON object (of at most 1 MiB), else {}."""
     if len(payload) > 1024 * 1024 or payload.lstrip()[:1] != b"{":
-        return ""
+        return {}
     try:
         data = json.loads(payload)
     except (ValueError, RecursionError):
-        return ""
-    if not isinstance(data, dict):
-        return ""
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _first_text(data: dict[str, Any], *keys: str) -> str:
+    """The first non-blank string among ``keys`` of ``data``, else ""."""
     for key in keys:
         value = data.get(key)
         if isinstance(value, str) and value.strip():
@@ -200,13 +203,12 @@ def dead_letter_attributes(
 ) -> dict[str, str]:
     """The attributes of a jobfence dead letter on the DLQ topic: seed 004 §10.5 (every key
     present, "" when unknown) plus jobfence's marker and identity."""
-    request_id = (
-        _payload_text(delivery.payload, "requestId", "request_id") or delivery.correlation_id or ""
-    )
+    event = _payload_object(delivery.payload)
     seed = {
-        "requestId": request_id,
+        "requestId": _first_text(event, "requestId", "request_id")
+        or (delivery.correlation_id or ""),
         "eventId": delivery.job_id,
-        "partnerId": _payload_text(delivery.payload, "partnerId", "partner_id"),
+        "partnerId": _first_text(event, "partnerId", "partner_id"),
         "original_topic": names.topic,
         "original_subscription": names.subscription,
         "attempts": str(delivery.attempt),
@@ -248,7 +250,7 @@ class _AckBatcher:
     next one (per subscription): under load one request answers many jobs, and an ack still
     returns only once Pub/Sub has it."""
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Callable[[str, Sequence[str]], Awaitable[None]]) -> None:
         self._send = send
         self._pending: dict[str, list[tuple[str, asyncio.Future[None]]]] = {}
         self._task: asyncio.Task[None] | None = None
