@@ -1,7 +1,7 @@
 """The same durable-effect workload through every transport, fence on PostgreSQL.
 
     python bench/transports.py [--jobs 20000] [--concurrency 32]
-                               [--transports postgresql,sqlite,rabbitmq,nats,redis]
+                               [--transports postgresql,sqlite,rabbitmq,nats,redis,pubsub]
 
 For each transport: a fresh PostgreSQL database holds the fence, the dead letters and the
 effects table; N jobs are published in bulk (timed: "publish jobs/s"), then one in-process
@@ -12,8 +12,10 @@ Transports: ``postgresql`` (the queue in the fence's database: the ack joins the
 ``sqlite`` (the queue in a SQLite file, acked after the PostgreSQL commit), ``rabbitmq``
 (quorum queue on the local server), ``nats`` (file-backed JetStream stream on the local
 server), ``redis`` (a private redis-server started here with ``--appendonly yes
---appendfsync always``, the setting docs/transports.md recommends). Ratios are against the
-PostgreSQL transport measured in the same run.
+--appendfsync always``, the setting docs/transports.md recommends), ``pubsub`` (the Pub/Sub
+emulator at ``$PUBSUB_EMULATOR_HOST``, default 127.0.0.1:8085, a project of the run's own; it
+keeps messages in memory). Ratios are against the PostgreSQL transport measured in the same
+run.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from jobfence import App, Job, Observer, Tx
 ADMIN = os.environ.get("JOBFENCE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP = os.environ.get("JOBFENCE_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 NATS = os.environ.get("JOBFENCE_BENCH_NATS", "nats://127.0.0.1:4222")
-ALL = ["postgresql", "sqlite", "rabbitmq", "nats", "redis"]
+PUBSUB = os.environ.get("PUBSUB_EMULATOR_HOST") or "127.0.0.1:8085"
+ALL = ["postgresql", "sqlite", "rabbitmq", "nats", "redis", "pubsub"]
 
 
 @dataclass
@@ -127,6 +130,17 @@ async def _cleanup(kind: str, url: str, queue: str) -> None:
         for stream in (nats.stream_name(queue), nats.state_stream, nats.exhausted_stream):
             await nats.js.delete_stream(stream)
         await nats.close()
+    elif kind == "pubsub":
+        from jobfence.transports.pubsub import PubSubTransport
+
+        ps = PubSubTransport.from_url(url, lease=timedelta(seconds=30), worker_id="bench")
+        await ps.open()
+        project = f"projects/{ps.project}"
+        async for sub in await ps.subscriber.list_subscriptions(project=project):
+            await ps.subscriber.delete_subscription(subscription=sub.name)
+        async for topic in await ps.publisher.list_topics(project=project):
+            await ps.publisher.delete_topic(topic=topic.name)
+        await ps.close()
 
 
 async def one_run(kind: str, jobs: int, concurrency: int, redis_url: str | None) -> Result:
@@ -139,6 +153,7 @@ async def one_run(kind: str, jobs: int, concurrency: int, redis_url: str | None)
         "rabbitmq": AMQP,
         "nats": f"{NATS}?prefix=jfbench_{token}",
         "redis": f"{redis_url}?prefix=jfbench:{token}",
+        "pubsub": f"pubsub://jfbench-{token}?emulator={PUBSUB}",
     }[kind]
     try:
         with pg_database() as url:
@@ -176,7 +191,7 @@ async def one_run(kind: str, jobs: int, concurrency: int, redis_url: str | None)
                     if row is None or row[0] != jobs:
                         raise RuntimeError(f"{kind}: expected {jobs} effects, found {row}")
             finally:
-                if transport is not None and kind in ("rabbitmq", "nats"):
+                if transport is not None and kind in ("rabbitmq", "nats", "pubsub"):
                     await _cleanup(kind, transport, queue)
         return Result(kind, publish, jobs / elapsed, cpu / jobs * 1000)
     finally:

@@ -44,8 +44,9 @@ def transport_option(func: F) -> F:
         envvar=ENV_TRANSPORT_URL,
         show_envvar=True,
         default=None,
-        help="Queue URL if not the database: amqp://…, nats://…, redis://…, or another "
-        "postgresql:// / sqlite:/// database. Fence and dead letters stay in --database-url.",
+        help="Queue URL if not the database: amqp://…, nats://…, redis://…, pubsub://PROJECT, "
+        "or another postgresql:// / sqlite:/// database. Fence and dead letters stay in "
+        "--database-url.",
     )(func)
 
 
@@ -434,6 +435,7 @@ def demo(
     default="CRITICAL",
     show_default=True,
 )
+@transport_option
 def demo_purchase_orders(
     database_url: str | None,
     posts: int,
@@ -443,6 +445,7 @@ def demo_purchase_orders(
     functional: float,
     keep: bool,
     log_level: str,
+    transport: str | None,
 ) -> None:
     """Run the purchase-order service end to end on loopback and prove no double order.
 
@@ -460,6 +463,7 @@ def demo_purchase_orders(
         repeat_reference_share=repeat_references,
         transient_share=transient,
         functional_share=functional,
+        transport=transport,
     )
     ok = run(run_demo(database_url, scenario, keep=keep, console=console))
     if not ok:

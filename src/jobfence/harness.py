@@ -110,14 +110,13 @@ class Harness:
                 f"no consumer is registered for queue {delivery.queue!r}",
                 "NO_CONSUMER",
             )
-        if delivery.attempt > consumer.policy.max_attempts:
+        if delivery.given_up is not None or delivery.attempt > consumer.policy.max_attempts:
             last = delivery.history[-1].error if delivery.history else "unknown"
+            reason = delivery.given_up or (
+                f"gave up after {delivery.attempt - 1} attempts (the last lost its worker): {last}"
+            )
             return await self._dead(
-                delivery,
-                consumer.name,
-                Category.TECHNICAL_ERROR,
-                f"gave up after {delivery.attempt - 1} attempts (the last lost its worker): {last}",
-                "ATTEMPTS_EXHAUSTED",
+                delivery, consumer.name, Category.TECHNICAL_ERROR, reason, "ATTEMPTS_EXHAUSTED"
             )
         try:
             payload = consumer.decoder.decode(delivery.payload)
@@ -414,6 +413,9 @@ class Harness:
                 code,
                 ack=shares,
                 payload_limit=self.payload_limit,
+            )
+            await self.transport.dead_lettered(
+                delivery, consumer=consumer, category=category, code=code
             )
             if not shares:
                 await self.transport.ack(delivery)

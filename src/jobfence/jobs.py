@@ -83,6 +83,9 @@ class Delivery:
     history: list[AttemptRecord] = field(default_factory=list)
     token: Any = None  # transport-specific (lease token, delivery tag, stream id…)
     ref: Any = None  # transport-specific row/message reference
+    #: the broker stopped delivering this message by a rule of its own (Pub/Sub's
+    #: max_delivery_attempts) and says why: the harness dead-letters it without running it
+    given_up: str | None = None
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,29 @@ class RabbitServer(Server):
         wait_port(self.port, self.name, timeout=120)
 
 
+#: the emulator's own start script (the Debian package google-cloud-cli-pubsub-emulator)
+PUBSUB_EMULATOR = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator"
+
+
+class PubSubEmulator(Server):
+    """A Pub/Sub emulator of our own (one JVM in its own process group). It keeps topics,
+    subscriptions and messages in memory only."""
+
+    name = "pubsub"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.port = free_port()
+        self.workdir = Path(tempfile.mkdtemp(prefix="jf-pubsub-"))
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [PUBSUB_EMULATOR, "--host=127.0.0.1", f"--port={self.port}"]
+
+
 def _pg_bin(tool: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{tool}"))
     if not found:

@@ -31,8 +31,10 @@ from jobfence.transports.rabbitmq import RabbitMQTransport, exhausted_name
 RABBITMQ_URL = os.environ.get("JOBFENCE_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 NATS_URL = os.environ.get("JOBFENCE_TEST_NATS", "nats://127.0.0.1:4222")
 REDIS_URL = os.environ.get("JOBFENCE_TEST_REDIS", "redis://127.0.0.1:6379/0")
-KINDS = ["postgresql", "sqlite", "rabbitmq", "nats", "redis"]
-BROKERS = ["rabbitmq", "nats", "redis"]
+#: the Pub/Sub emulator the tests use (scripts/services starts it on this address)
+PUBSUB_HOST = os.environ.get("PUBSUB_EMULATOR_HOST") or "127.0.0.1:8085"
+KINDS = ["postgresql", "sqlite", "rabbitmq", "nats", "redis", "pubsub"]
+BROKERS = ["rabbitmq", "nats", "redis", "pubsub"]
 REPO = Path(__file__).resolve().parents[2]
 #: every RabbitMQ queue this test process creates contains this, for the final sweep
 SESSION = uuid.uuid4().hex[:6]
@@ -75,6 +77,9 @@ def broker_url(kind: str, token: str, base: str | None = None) -> str:
         return base or RABBITMQ_URL
     if kind == "nats":
         return with_option(base or NATS_URL, "prefix", f"jf_{token}")
+    if kind == "pubsub":
+        # a project of its own per test: the emulator keeps projects apart
+        return f"pubsub://jf-{token}?emulator={base or PUBSUB_HOST}"
     return with_option(base or REDIS_URL, "prefix", f"jf:{token}")
 
 
@@ -135,6 +140,8 @@ async def remaining(target: Target, url: str | None = None) -> int:
             return int(info.state.messages)
         finally:
             await nats.close()
+    if target.kind == "pubsub":
+        return await pubsub_remaining(url, target.queue)
     from jobfence.transports.redis import RedisTransport
 
     red = RedisTransport.from_url(url, lease=timedelta(seconds=5), worker_id="probe")
@@ -179,6 +186,8 @@ async def _cleanup_one(target: Target, url: str) -> None:
                     await nats.js.delete_stream(name.config.name)
         finally:
             await nats.close()
+    elif target.kind == "pubsub":
+        await pubsub_cleanup(url)
     elif target.kind == "redis":
         from jobfence.transports.redis import RedisTransport
 
@@ -190,6 +199,69 @@ async def _cleanup_one(target: Target, url: str) -> None:
                 await red.redis.delete(*keys)
         finally:
             await red.close()
+
+
+async def pubsub_remaining(url: str, queue: str) -> int:
+    """Messages of ``queue`` that a pull can get now: ready, delayed, or dead-lettered by
+    Pub/Sub and not yet a jobfence dead letter (jobfence's own DLQ copies do not count).
+
+    The emulator reports no backlog, so the probe pulls: a job message is put back as a
+    new copy with the same attributes (pulling and nacking would count a delivery attempt),
+    a delayed or dead-lettered one is nacked. Messages a worker holds are not visible.
+    """
+    from jobfence.transports.pubsub import DEAD_LETTER, PubSubTransport
+
+    ps = PubSubTransport.from_url(url, lease=timedelta(seconds=30), worker_id="probe")
+    await ps.open()
+    try:
+        names = ps.names(queue)
+        total = 0
+        for name in (names.subscription, names.delay_subscription, names.dlq_subscription):
+            path = ps.subscription_path(name)
+            held: list[Any] = []  # leased to the probe until it answers, so not pulled twice
+            while True:
+                try:
+                    received = await ps._pull(name, 1000, 0.5)
+                except Exception:  # not declared (yet): nothing queued there
+                    break
+                if not received:
+                    break
+                held += received
+            own = [r for r in held if r.message.attributes.get(DEAD_LETTER)]
+            others = [r for r in held if not r.message.attributes.get(DEAD_LETTER)]
+            total += len(others)
+            if own:
+                await ps._ack_ids(path, [r.ack_id for r in own])
+            if name == names.subscription and others:
+                copies = [
+                    type(r.message)(data=r.message.data, attributes=dict(r.message.attributes))
+                    for r in others
+                ]
+                await ps._publish(names.topic, copies)
+                await ps._ack_ids(path, [r.ack_id for r in others])
+            elif others:
+                await ps._modify(path, [r.ack_id for r in others], 0)
+        return total
+    finally:
+        await ps.close()
+
+
+async def pubsub_cleanup(url: str) -> None:
+    """Delete every subscription and topic of the test's own project."""
+    from jobfence.transports.pubsub import PubSubTransport
+
+    ps = PubSubTransport.from_url(url, lease=timedelta(seconds=30), worker_id="cleanup")
+    await ps.open()
+    try:
+        project = f"projects/{ps.project}"
+        async for sub in await ps.subscriber.list_subscriptions(project=project):
+            with contextlib.suppress(Exception):
+                await ps.subscriber.delete_subscription(subscription=sub.name)
+        async for topic in await ps.publisher.list_topics(project=project):
+            with contextlib.suppress(Exception):
+                await ps.publisher.delete_topic(topic=topic.name)
+    finally:
+        await ps.close()
 
 
 def sweep_rabbitmq_session() -> None:

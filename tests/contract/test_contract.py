@@ -288,3 +288,27 @@ async def test_published_job_survives_a_new_app(target: Target) -> None:
     async with second, RunningWorker(second) as w:
         await eventually(lambda: w.stats.handled == 1, what="consumed by the new app")
     assert got == [("kept-1", {"k": "v"})]
+
+
+async def test_a_handler_longer_than_the_lease_keeps_its_job(target: Target) -> None:
+    """Lease 1 s (Pub/Sub's ack deadline, JetStream's AckWait, the takeover idle time…), a
+    handler of 3.5 s: the worker's renewals keep the job its own — one delivery, attempt 1,
+    one effect — and nothing is left queued."""
+    app = target.app(lease=1.0)
+    calls: list[int] = []
+
+    @app.consumer(target.queue)
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        calls.append(job.attempt)
+        await asyncio.sleep(3.5)
+        await effect(tx, job)
+
+    async with app:
+        await app.enqueue(target.queue, {"n": 1}, job_id="long-1")
+        async with RunningWorker(app, concurrency=4, poll_interval=0.2) as w:
+            await eventually(lambda: w.stats.handled == 1, what="handled")
+            await asyncio.sleep(2.0)  # a redelivery would arrive within a lease: give it two
+    assert calls == [1]
+    assert w.stats.outcomes[Outcome.PROCESSED] == 1
+    assert await effects(target.database_url) == [("long-1", 1)]
+    await eventually(lambda: drained(target), what="acked")

@@ -12,6 +12,7 @@ import pytest
 
 from jobfence import Job, Tx
 from jobfence.transports.nats import NatsTransport
+from jobfence.transports.pubsub import PubSubTransport
 from jobfence.transports.rabbitmq import delay_bucket, delay_name, exhausted_name
 from jobfence.transports.redis import RedisTransport
 
@@ -45,7 +46,10 @@ async def test_the_queue_is_as_durable_as_declared(
     """PostgreSQL: fsync and synchronous commit on, the queue a logged table. SQLite: WAL,
     synchronous FULL. RabbitMQ: durable quorum queues, delivery limit dead-lettered at least
     once. NATS: file-backed work-queue streams, explicit acks, AckWait = lease. Redis: the
-    adapter reports the server's persistence and warns when it keeps nothing."""
+    adapter reports the server's persistence and warns when it keeps nothing. Pub/Sub: the
+    seed's subscription (dead-letter topic ``<topic>.dlq`` after 10 deliveries, backoff 10 s to
+    10 min), exactly-once delivery off, and the DLQ and delay subscriptions, as the emulator
+    reports them (it keeps them in memory only: see test_restart)."""
     app = target.app(lease=5.0)
 
     @app.consumer(target.queue)
@@ -109,6 +113,28 @@ async def test_the_queue_is_as_durable_as_declared(
             for stream in (transport.state_stream, transport.exhausted_stream):
                 info = await transport.js.stream_info(stream)
                 assert info.config.storage == "file"
+        elif target.kind == "pubsub":
+            assert isinstance(transport, PubSubTransport)
+            names = transport.names(target.queue)
+            assert names.topic == f"jobfence.{target.queue}"
+            assert await transport.durability(target.queue) == {
+                "topic": names.topic,
+                "subscription": f"{names.topic}.workers",
+                "ack_deadline_seconds": 10,  # Pub/Sub's minimum; the lease is set per message
+                "dead_letter_topic": f"{names.topic}.dlq",
+                "max_delivery_attempts": 10,
+                "minimum_backoff": 10.0,
+                "maximum_backoff": 600.0,
+                "exactly_once": False,
+                "dlq_subscription": (f"{names.topic}.dlq.workers", f"{names.topic}.dlq"),
+                # no dead-letter policy, no backoff: a held delayed job comes back on time
+                "delay_subscription": (
+                    f"{names.topic}.delay.workers",
+                    f"{names.topic}.delay",
+                    False,
+                    0.0,
+                ),
+            }
         else:
             assert isinstance(transport, RedisTransport)
             # the shared test server runs with --appendonly no: it loses all on restart

@@ -37,6 +37,11 @@ def redis(request: pytest.FixtureRequest) -> Iterator[Target]:
     yield from _target("redis", request)
 
 
+@pytest.fixture
+def pubsub(request: pytest.FixtureRequest) -> Iterator[Target]:
+    yield from _target("pubsub", request)
+
+
 @pytest.fixture(params=BROKERS)
 def broker(request: pytest.FixtureRequest) -> Iterator[Target]:
     yield from _target(str(request.param), request)

@@ -74,6 +74,8 @@ class Scenario:
     settle_timeout: float = 120.0
     idempotency_window: timedelta = DEFAULT_WINDOW
     idempotency_lease: timedelta = DEFAULT_LEASE
+    #: the queue (None: the table next to the fence; or amqp://, nats://, redis://, pubsub://)
+    transport: str | None = None
 
 
 @dataclass
@@ -216,6 +218,7 @@ class LocalStack:
                     retry=self.scenario.call_retry,
                 ),
                 retry=self.scenario.policy,
+                transport=self.scenario.transport,
             )
             await self.service.open(pool_size=self.scenario.worker_concurrency + 8)
             sock = _free_socket()
@@ -319,7 +322,10 @@ async def run_scenario(
         operator = await create_token(
             svc.db, name=f"demo-operator-{run}", role="operator", partner=None
         )
-        say(f"ERP stand-in {stack.erp.url}, API {stack.api_url}, database {svc.db.display}")
+        say(
+            f"ERP stand-in {stack.erp.url}, API {stack.api_url}, database {svc.db.display}, "
+            f"queue {svc.app.transport.name}"
+        )
 
         # -- plan the POSTs ----------------------------------------------------------------------
         repeats = round(scenario.posts * scenario.repeat_key_share)

@@ -97,6 +97,16 @@ class Transport(ABC):
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
         """Give a delivery back now (graceful shutdown); ``attempted=False`` refunds it."""
 
+    async def dead_lettered(
+        self, delivery: Delivery, *, consumer: str, category: Category, code: str | None
+    ) -> None:
+        """The harness has written ``delivery``'s dead letter and is about to ack it.
+
+        A broker with a dead-letter topic of its own mirrors the letter there (Pub/Sub
+        publishes it to the queue's DLQ topic); by default nothing happens. An exception
+        leaves the delivery unacked: it comes back, and the dead letter's write is idempotent.
+        """
+
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         """Renew the leases of deliveries still being worked on (heartbeat)."""
 
@@ -116,6 +126,7 @@ BROKERS: dict[str, tuple[str, str]] = {
     "tls": ("jobfence.transports.nats:NatsTransport", "nats"),
     "redis": ("jobfence.transports.redis:RedisTransport", "redis"),
     "rediss": ("jobfence.transports.redis:RedisTransport", "redis"),
+    "pubsub": ("jobfence.transports.pubsub:PubSubTransport", "pubsub"),
 }
 
 
@@ -128,7 +139,7 @@ def is_broker_url(url: str) -> bool:
 
 
 def broker_from_url(url: str, *, lease: timedelta, worker_id: str) -> Transport:
-    """The broker adapter for ``url`` (amqp://, nats://, redis://), not yet opened.
+    """The broker adapter for ``url`` (amqp://, nats://, redis://, pubsub://), not yet opened.
 
     Each adapter class provides ``from_url(url, *, lease, worker_id)``.
     """
@@ -140,7 +151,7 @@ def broker_from_url(url: str, *, lease: timedelta, worker_id: str) -> Transport:
     if scheme not in BROKERS:
         raise ConfigurationError(
             f"unsupported transport URL scheme {scheme!r}; use postgresql://, sqlite:///, "
-            "amqp://, nats:// or redis://"
+            "amqp://, nats://, redis:// or pubsub://"
         )
     target, extra = BROKERS[scheme]
     module_name, _, class_name = target.partition(":")

@@ -176,6 +176,10 @@ class Options:
         self._used.add(name)
         return self._params.get(name, default) or default
 
+    def unused(self) -> list[str]:
+        """The options given in the URL that no ``integer``/``text`` call read."""
+        return sorted(k for k in self._params if k not in self._used)
+
     def remaining_url(self) -> str:
         """The URL without the options jobfence consumed (the rest go to the client)."""
         rest = {k: v for k, v in self._params.items() if k not in self._used}
