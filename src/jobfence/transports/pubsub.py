@@ -70,6 +70,10 @@ from . import Transport
 from ._broker import DELAY, HISTORY, JOB_ID, Meta, Options, ShieldedFetch, retry_record
 
 log = logging.getLogger("jobfence.transport.pubsub")
+#: Pub/Sub's limit on one message (data and attributes), and what jobfence keeps for its
+#: attributes (ids, attempts and one attribute per attempt of history, each ≤ 1 024 bytes)
+MAX_MESSAGE_BYTES = 10_000_000
+ATTRIBUTES_RESERVE = 256 * 1024
 
 #: Pub/Sub's limits: messages per publish request, bytes of one attribute value, ack
 #: deadline (seconds), ack ids per acknowledge/modify request (we stay well below 512 KB)
@@ -664,7 +668,19 @@ class PubSubTransport(Transport):
             await self._lost_topology(queue, exc)
             await self._publish(getattr(await self.declare(queue), to), messages)
 
+    @property
+    def max_payload(self) -> int | None:
+        return MAX_MESSAGE_BYTES - ATTRIBUTES_RESERVE
+
+    @property
+    def max_payload_reason(self) -> str:
+        return (
+            "Pub/Sub's 10 MB message limit counts data and attributes; "
+            f"{ATTRIBUTES_RESERVE // 1024} KiB are kept for jobfence's attributes"
+        )
+
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
+        self.check_payloads(jobs)
         groups: dict[tuple[str, bool], list[types.PubsubMessage]] = {}
         for job in jobs:
             message = types.PubsubMessage(
