@@ -100,13 +100,13 @@ async def test_same_delivery_dead_lettered_twice_keeps_one_letter(database_url: 
     async with app:
         store = Store(app.db)
         delivery = Delivery(queue="q", job_id="j-1", payload=b"\x00raw", attempt=3)
-        first = await store.write_dead_letter(
+        first, created = await store.write_dead_letter(
             delivery, "q", Category.TECHNICAL_ERROR, "boom", None, ack=False
         )
-        second = await store.write_dead_letter(
+        second, again = await store.write_dead_letter(
             delivery, "q", Category.TECHNICAL_ERROR, "boom", None, ack=False
         )
         letters = await store.list_dead_letters()
     assert first is not None
-    assert second is None
+    assert (created, second, again) == (True, first, False)
     assert [(dl.id, dl.job_id, dl.attempts) for dl in letters] == [(first, "j-1", 3)]

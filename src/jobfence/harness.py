@@ -337,7 +337,7 @@ class Harness:
                 )
             )
             return Outcome.RETRY
-        letter_id = await self.store.write_dead_letter(
+        letter_id, created = await self.store.write_dead_letter(
             delivery,
             consumer.name,
             category,
@@ -348,7 +348,15 @@ class Harness:
             tx=tx,
         )
         notes.append(
-            partial(self.observers.job_dead, delivery, consumer.name, category, error, letter_id)
+            partial(
+                self.observers.job_dead,
+                delivery,
+                consumer.name,
+                category,
+                error,
+                letter_id,
+                created=created,
+            )
         )
         return Outcome.DEAD
 
@@ -405,7 +413,7 @@ class Harness:
     ) -> Outcome:
         shares = self.transport.shares_database
         try:
-            letter_id = await self.store.write_dead_letter(
+            letter_id, created = await self.store.write_dead_letter(
                 delivery,
                 consumer,
                 category,
@@ -425,5 +433,5 @@ class Harness:
                 extra={"job_id": delivery.job_id, "correlation_id": delivery.correlation_id},
             )
             return Outcome.FAILED_TO_RECORD
-        self.observers.job_dead(delivery, consumer, category, error, letter_id)
+        self.observers.job_dead(delivery, consumer, category, error, letter_id, created=created)
         return Outcome.DEAD

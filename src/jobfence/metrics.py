@@ -90,8 +90,11 @@ class MetricsObserver(Observer):
         category: Category,
         error: str,
         dead_letter_id: int | None,
+        *,
+        created: bool = True,
     ) -> None:
-        DEAD_LETTERS.labels(delivery.queue, consumer, category.value).inc()
+        if created:  # a repeat delivery that met its recorded letter is not a new one
+            DEAD_LETTERS.labels(delivery.queue, consumer, category.value).inc()
 
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         LOST.labels(delivery.queue).inc()

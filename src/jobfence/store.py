@@ -280,24 +280,32 @@ class Store:
         ack: bool,
         payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
         tx: Tx | None = None,
-    ) -> int | None:
+    ) -> tuple[int | None, bool]:
         """Record a dead letter (idempotent: one pending letter per consumer and job_id).
 
         With ``ack`` the queue row goes in the same transaction; with ``tx`` the letter is
-        written in that (open) transaction. Returns the new letter's id, or None when a
-        pending letter for this job already existed.
+        written in that (open) transaction. Returns the letter's id and whether this call
+        created it (False: a pending letter for this job was already recorded — its id).
         """
         params = self.dead_letter_params(delivery, consumer, category, error, code, payload_limit)
         if tx is not None:
-            if ack:
-                await tx.q("ack", params)
-            rows = await tx.q("insert_dead_letter", params)
-        else:
-            async with self.db.transaction() as own:
-                if ack:
-                    await own.q("ack", params)
-                rows = await own.q("insert_dead_letter", params)
-        return int(rows[0]["id"]) if rows else None
+            return await self._write_dead_letter(tx, params, ack)
+        async with self.db.transaction() as own:
+            return await self._write_dead_letter(own, params, ack)
+
+    @staticmethod
+    async def _write_dead_letter(
+        tx: Tx, params: dict[str, Any], ack: bool
+    ) -> tuple[int | None, bool]:
+        if ack:
+            await tx.q("ack", params)
+        rows = await tx.q("insert_dead_letter", params)
+        if rows:
+            return int(rows[0]["id"]), True
+        # a separate statement: its snapshot sees a letter that a concurrent transaction
+        # committed while the insert waited on it
+        existing = await tx.q("dead_letter_pending_id", params)
+        return (int(existing[0]["id"]) if existing else None), False
 
     def dead_letter_params(
         self,

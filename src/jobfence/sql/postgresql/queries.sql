@@ -259,3 +259,8 @@ SELECT core.fence_commit(%(jobfence_tx)s)
 
 -- name: lend_commit_and_commit
 SELECT core.fence_commit(%(jobfence_tx)s); COMMIT
+
+-- name: dead_letter_pending_id
+-- The letter a repeated dead-lettering of the same delivery met (insert_dead_letter did nothing)
+SELECT id FROM core.dead_letters
+WHERE consumer = %(consumer)s AND job_id = %(job_id)s AND status = 'pending_review'

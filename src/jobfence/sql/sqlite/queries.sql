@@ -146,3 +146,8 @@ FROM core_dead_letters WHERE id = :id
 
 -- name: queue_depth
 SELECT queue, state, count(*) AS jobs FROM core_jobs GROUP BY queue, state ORDER BY queue, state
+
+-- name: dead_letter_pending_id
+-- The letter a repeated dead-lettering of the same delivery met (insert_dead_letter did nothing)
+SELECT id FROM core_dead_letters
+WHERE consumer = :consumer AND job_id = :job_id AND status = 'pending_review'
