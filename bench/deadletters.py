@@ -33,9 +33,9 @@ from rich.table import Table
 
 from jobfence import App, Job, Observer, Tx
 from jobfence import deadletters as dl
-from jobfence.app import DEFAULT_FENCE_TTL
-from jobfence.cleanup import Maintenance, cleanup_fences
-from jobfence.jobs import Delivery
+from jobfence.cleanup import cleanup_fences
+from jobfence.fence import DEFAULT_FENCE_TTL, claim_tx
+from jobfence.maintenance import Maintenance
 from jobfence.store import Store
 
 ADMIN = os.environ.get("JOBFENCE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -170,16 +170,13 @@ async def _fill_expired(app: App, store: str, fences: int) -> None:
 
 async def _fencer(app: App, phase: Phase, stop: asyncio.Event, tag: str) -> None:
     """Insert fence rows the way the harness does: one short transaction each."""
-    store = Store(app.db)
     i = 0
     while not stop.is_set():
         i += 1
-        delivery = Delivery(
-            queue="probe", job_id=f"{tag}-{uuid.uuid4().hex}", payload=b"{}", attempt=1
-        )
+        job_id = f"{tag}-{uuid.uuid4().hex}"
         started = time.perf_counter()
         async with app.db.transaction() as tx:
-            await store.fence(tx, "probe", delivery, DEFAULT_FENCE_TTL, ack=False)
+            await claim_tx(tx, "probe", job_id, DEFAULT_FENCE_TTL)
         phase.latencies.append(time.perf_counter() - started)
         await asyncio.sleep(0.001)
 

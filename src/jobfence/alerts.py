@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from .db import Database, Tx, to_datetime
 from .errors import TAXONOMY, Category, ConfigurationError, clean_text
+from .leases import Lease, default_holder
 
 if TYPE_CHECKING:
     import httpx
@@ -367,7 +368,6 @@ class AlertDispatcher:
         timeout: float = 10.0,
         holder: str | None = None,
     ) -> None:
-        from .cleanup import Lease, default_holder
 
         keys = [s.key for s in sinks]
         if len(set(keys)) != len(keys):

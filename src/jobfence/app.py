@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from .cleanup import Maintenance
+from . import fence
 from .codec import Decoder, Schema, encode
 from .config import DEFAULT_BATCH_WINDOW, DatabaseURL, parse_database_url
 from .db import Database, Tx, connect, current_tx
 from .errors import ConfigurationError, EnqueueError
+from .fence import DEFAULT_FENCE_TTL
 from .harness import Consumer, Handler
 from .jobs import check_job_id, check_queue
+from .leases import default_holder
 from .logs import LogObserver
+from .maintenance import Maintenance
 from .metrics import MetricsObserver
 from .observers import Observer, Observers
 from .retry import DEFAULT_POLICY, RetryPolicy
@@ -29,71 +30,11 @@ from .transports.database import (
     database_max_payload,
     database_max_payload_reason,
 )
+from .worker import Worker
 
 H = TypeVar("H", bound=Handler)
 
-DEFAULT_FENCE_TTL = timedelta(days=7)
 DEFAULT_LEASE = timedelta(seconds=30)
-
-
-#: The least margin a fence TTL keeps beyond the longest redelivery exposure.
-MIN_FENCE_MARGIN = timedelta(hours=1)
-
-
-def fence_exposure(policy: RetryPolicy, lease: timedelta) -> timedelta:
-    """How long after its first delivery a job can still be delivered again: the sum of its
-    retry delays plus one lease per attempt (an attempt lost with its worker comes back only
-    when its lease runs out, and counts as an attempt)."""
-    return policy.max_window() + lease * policy.max_attempts
-
-
-def _span(value: timedelta) -> str:
-    """A duration for people: 7d, 1h18m, 15m30s, 0.5s."""
-    seconds = value.total_seconds()
-    if seconds < 60:
-        return f"{seconds:g}s"
-    whole = int(seconds)
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if whole >= size:
-            parts.append(f"{whole // size}{unit}")
-            whole %= size
-    return "".join(parts)
-
-
-def fence_ttl_problem(
-    ttl: timedelta, lease: timedelta, policies: Iterable[tuple[str, RetryPolicy]]
-) -> str | None:
-    """Why ``ttl`` is unsafe (SPEC T1), with the arithmetic; None when it is safe.
-
-    A fence must outlive every redelivery of its job: the longest retry window plus one
-    lease per attempt (:func:`fence_exposure`), with a margin of the same size again and at
-    least :data:`MIN_FENCE_MARGIN`, for clocks, queues that back up and slow reaping. The
-    queue with the longest exposure decides.
-    """
-    worst: tuple[str, RetryPolicy, timedelta] | None = None
-    for queue, policy in policies:
-        exposure = fence_exposure(policy, lease)
-        if worst is None or exposure > worst[2]:
-            worst = (queue, policy, exposure)
-    if worst is None:
-        return None
-    queue, policy, exposure = worst
-    margin = max(exposure, MIN_FENCE_MARGIN)
-    needed = exposure + margin
-    if ttl > needed:
-        return None
-    delays = [_span(policy.ceiling(n)) for n in range(1, policy.max_retries + 1)]
-    window = " + ".join(delays) if delays else "no retries"
-    return (
-        f"fence TTL {_span(ttl)} is too short for queue {queue!r}: retry window "
-        f"{_span(policy.max_window())} ({window}) + {policy.max_attempts} attempts × lease "
-        f"{_span(lease)} = {_span(exposure)} during which a delivery can still arrive; plus a "
-        f"margin of {_span(margin)} (as much again, at least {_span(MIN_FENCE_MARGIN)}) the "
-        f"TTL must exceed {_span(needed)}. A delivery after its fence expired would apply the "
-        f"work twice: use fence_ttl > {_span(needed)} (the default is "
-        f"{_span(DEFAULT_FENCE_TTL)})."
-    )
 
 
 def _unencodable(exc: UnicodeEncodeError) -> str:
@@ -135,7 +76,7 @@ class App:
     ``sqlite:///jobfence.db``. ``transport`` is another queue (a URL or a
     :class:`~jobfence.transports.Transport`); by default the queue is a table next to the
     fence, and acks commit with the work. ``maintenance`` sets what workers do in the
-    background: fence cleanup, alert delivery (:class:`~jobfence.cleanup.Maintenance`).
+    background: fence cleanup, alert delivery (:class:`~jobfence.maintenance.Maintenance`).
     """
 
     def __init__(
@@ -163,7 +104,7 @@ class App:
         self._extra_observers = list(observers)
         self.maintenance = maintenance or Maintenance()
         self.observers = Observers([])
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.worker_id = default_holder()
         self._db: Database | None = None
         self._transport: Transport | None = None
         self._owned: list[Database] = []
@@ -237,11 +178,24 @@ class App:
 
         return register
 
+    def redelivery_exposure(self) -> timedelta:
+        """The longest time a delivery of one of this app's jobs can still arrive (the
+        longest retry window plus a lease per attempt, see :func:`jobfence.fence.exposure`):
+        the youngest a fence may be when cleanup deletes it."""
+        policies = [c.policy for c in self.consumers.values()] or [DEFAULT_POLICY]
+        return fence.longest_exposure(policies, self.lease)
+
+    @property
+    def queue_db(self) -> Database | None:
+        """The database queue's database when it is not the app's own (for its gauges)."""
+        queue_db = self.transport.queue_db
+        return queue_db if queue_db is not self.db else None
+
     def _check_ttl(self) -> None:
         policies = [(c.queue, c.policy) for c in self.consumers.values()] or [
             ("(default)", DEFAULT_POLICY)
         ]
-        problem = fence_ttl_problem(self.fence_ttl, self.lease, policies)
+        problem = fence.ttl_problem(self.fence_ttl, self.lease, policies)
         if problem:
             raise ConfigurationError(problem)
 
@@ -506,10 +460,8 @@ class App:
         prefetch: int | None = None,
         batch_size: int = 1,
         batch_window: float = DEFAULT_BATCH_WINDOW,
-    ) -> Any:
+    ) -> Worker:
         """A :class:`~jobfence.worker.Worker` for this app (``await worker.run()``)."""
-        from .worker import Worker
-
         return Worker(
             self,
             queues=queues,

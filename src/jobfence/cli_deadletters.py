@@ -30,10 +30,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import deadletters as service
-from .app import DEFAULT_LEASE, App, fence_exposure
+from .app import DEFAULT_LEASE, App
 from .cli import console, database_option, dead_letters, err_console, main_group, run
 from .cli import transport_option as _transport_option
 from .errors import Category, NotFound, ReviewConflict
+from .fence import exposure as fence_exposure
 from .retry import DEFAULT_POLICY
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -46,6 +46,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from .db import Database, Tx, to_datetime
 from .errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
+from .leases import default_holder
 from .store import DeadLetter, OutgoingJob, Store
 from .transports import Transport
 
@@ -335,9 +336,7 @@ def payload_view(payload: bytes | None) -> dict[str, Any]:
 
 def shares_transaction(transport: Transport) -> bool:
     """Whether a replay can republish in its own transaction (the database queue, same db)."""
-    from .transports.database import DatabaseQueue
-
-    return isinstance(transport, DatabaseQueue) and transport.shares_database
+    return transport.queue_db is not None and transport.shares_database
 
 
 async def record(
@@ -924,11 +923,8 @@ async def run_replay(
     runner: str | None = None,
 ) -> ReplayStatus:
     """Confirm and run a previewed bulk replay to the end (what the CLI does)."""
-    import os
-    import socket
-    import uuid
 
-    who = runner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    who = runner or default_holder()
     await start_replay(db, replay_id, actor=actor, expected_total=expected_total, runner=who)
     return await execute_replay(
         db,

@@ -29,14 +29,16 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from . import fence
 from .codec import Decoder
 from .db import BatchLost, Database, SyncTx, Tx, current_tx
 from .db.postgres import PostgresDatabase
 from .errors import Category, PoisonPayload, Retry, classify, describe, error_code
+from .fence import FenceOutcome
 from .jobs import Delivery, Job, history_json
 from .observers import Observers
 from .retry import RetryPolicy
-from .store import DEFAULT_PAYLOAD_LIMIT, FenceOutcome, Store
+from .store import DEFAULT_PAYLOAD_LIMIT, Store
 from .transports import Transport
 
 log = logging.getLogger("jobfence.harness")
@@ -145,15 +147,14 @@ class Harness:
         ack_in_tx = self.transport.shares_database
         duration = 0.0
         try:
-            steps, params = self.store.fence_plan(
+            async with fence.work(
+                self.db,
                 consumer.name,
                 delivery,
                 self.fence_ttl,
                 ack=ack_in_tx,
                 enabled=self.fence_enabled,
-            )
-            async with self.db.work(steps, params) as (tx, results):
-                fenced = self.store.fence_outcome(steps, results)
+            ) as (tx, fenced):
                 if fenced is FenceOutcome.LOST:
                     raise _LeaseLost
                 if fenced is FenceOutcome.FENCED:

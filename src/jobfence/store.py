@@ -6,12 +6,11 @@ module decides what.
 
 from __future__ import annotations
 
-import enum
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from .db import Database, Tx, to_datetime
@@ -22,12 +21,6 @@ from .sql import Dialect, migrations
 DEFAULT_PAYLOAD_LIMIT = 10 * 1024 * 1024
 #: from this many jobs on, a bulk enqueue on PostgreSQL uses COPY instead of batched INSERTs
 COPY_THRESHOLD = 64
-
-
-class FenceOutcome(enum.Enum):
-    FENCED = "fenced"  # first time: run the handler
-    DUPLICATE = "duplicate"  # already processed: skip silently
-    LOST = "lost"  # our lease was taken over: another worker owns this delivery
 
 
 @dataclass(frozen=True)
@@ -205,67 +198,6 @@ class Store:
             f"cannot enqueue on a {type(conn).__name__}; pass a psycopg Connection, an sqlite3 "
             "Connection, or use `await app.enqueue(..., connection=...)` for async connections"
         )
-
-    # -- the fence --------------------------------------------------------------------------
-
-    def fence_plan(
-        self,
-        consumer: str,
-        delivery: Delivery,
-        ttl: timedelta,
-        *,
-        ack: bool,
-        enabled: bool = True,
-    ) -> tuple[list[str], dict[str, Any]]:
-        """The named steps (and their parameters) that open a work transaction: insert the
-        fence row first (SPEC F2, F6), and with ``ack`` delete the queue row in the same
-        transaction — on PostgreSQL in one statement. ``enabled=False`` leaves the fence out
-        (benchmarks measure its cost; never in use).
-
-        A parallel duplicate blocks on the fence's unique key until the first transaction
-        ends, then sees the row (skip) or not (proceed).
-        """
-        params = {
-            "consumer": consumer,
-            "job_id": delivery.job_id,
-            "ttl": ttl.total_seconds(),
-            "id": delivery.ref,
-            "token": delivery.token,
-        }
-        if not enabled:
-            return (["ack"] if ack else []), params
-        if ack and self.dialect == "postgresql":
-            return ["fence_and_ack"], params
-        return (["ack", "fence"] if ack else ["fence"]), params
-
-    @staticmethod
-    def fence_outcome(steps: list[str], results: list[list[dict[str, Any]]]) -> FenceOutcome:
-        """Read the outcome of :meth:`fence_plan`'s steps."""
-        rows = dict(zip(steps, results, strict=True))
-        if "fence_and_ack" in rows:
-            row = rows["fence_and_ack"][0]
-            if not row["acked"]:
-                return FenceOutcome.LOST
-            return FenceOutcome.FENCED if row["fenced"] else FenceOutcome.DUPLICATE
-        if "ack" in rows and not rows["ack"]:
-            return FenceOutcome.LOST
-        if "fence" in rows and not rows["fence"]:
-            return FenceOutcome.DUPLICATE
-        return FenceOutcome.FENCED
-
-    async def fence(
-        self,
-        tx: Tx,
-        consumer: str,
-        delivery: Delivery,
-        ttl: timedelta,
-        *,
-        ack: bool,
-        enabled: bool = True,
-    ) -> FenceOutcome:
-        """Fence a delivery inside an already open transaction (see :meth:`fence_plan`)."""
-        steps, params = self.fence_plan(consumer, delivery, ttl, ack=ack, enabled=enabled)
-        return self.fence_outcome(steps, [await tx.q(step, params) for step in steps])
 
     # -- dead letters -----------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from .config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from .harness import Harness, Outcome
 from .jobs import Delivery
+from .maintenance import housekeeping
 
 if TYPE_CHECKING:
     from .app import App
@@ -260,7 +261,6 @@ class Worker:
     async def _maintenance(self) -> None:
         """Queue upkeep (expired leases) plus the app's housekeeping: fence cleanup, alert
         delivery and database gauges (see :mod:`jobfence.cleanup`)."""
-        from .cleanup import housekeeping
 
         async def queue_upkeep() -> None:
             interval = max(min(self.app.lease.total_seconds() / 2, 5.0), 0.2)
@@ -273,4 +273,12 @@ class Worker:
 
         async with asyncio.TaskGroup() as group:
             group.create_task(queue_upkeep(), name="jobfence-queue-upkeep")
-            group.create_task(housekeeping(self.app), name="jobfence-housekeeping")
+            group.create_task(
+                housekeeping(
+                    self.app.maintenance,
+                    self.app.db,
+                    queue_db=self.app.queue_db,
+                    min_age=self.app.redelivery_exposure(),
+                ),
+                name="jobfence-housekeeping",
+            )

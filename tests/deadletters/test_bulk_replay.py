@@ -12,7 +12,7 @@ import pytest
 
 from jobfence import App, Job, ReviewConflict, Tx
 from jobfence import deadletters as dl
-from jobfence.cleanup import Maintenance
+from jobfence.maintenance import Maintenance
 from jobfence.transports.database import DatabaseQueue
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table

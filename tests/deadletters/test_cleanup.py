@@ -11,8 +11,13 @@ from typing import Any
 import pytest
 
 from jobfence import App, ConfigurationError, Job, RetryPolicy, TemporaryError, Tx
-from jobfence.app import DEFAULT_FENCE_TTL, DEFAULT_LEASE, fence_exposure, fence_ttl_problem
-from jobfence.cleanup import LEASE_NAME, Lease, Maintenance, cleanup_fences, min_age_for
+from jobfence.app import DEFAULT_LEASE
+from jobfence.cleanup import LEASE_NAME, cleanup_fences
+from jobfence.fence import DEFAULT_FENCE_TTL
+from jobfence.fence import exposure as fence_exposure
+from jobfence.fence import ttl_problem as fence_ttl_problem
+from jobfence.leases import Lease
+from jobfence.maintenance import Maintenance
 from jobfence.retry import DEFAULT_POLICY
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table
@@ -239,7 +244,7 @@ async def test_workers_clean_up_expired_fences_periodically(ledger: str) -> None
     app = App(
         ledger, auto_migrate=True, maintenance=Maintenance(cleanup_interval=timedelta(seconds=0.2))
     )
-    assert min_age_for(app) == MIN_AGE
+    assert app.redelivery_exposure() == MIN_AGE
 
     @app.consumer("points")
     async def handle(job: Job[Any], tx: Tx) -> None:

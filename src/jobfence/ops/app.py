@@ -25,10 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import deadletters as service
 from ..app import App
-from ..cleanup import default_holder
 from ..db import DATA_ERROR
 from ..errors import DatabaseUnavailable, InvalidRequest, NotFound, ReviewConflict
-from ..transports.database import DatabaseQueue
+from ..leases import default_holder
 from . import models
 from .auth import Principal, require
 
@@ -240,7 +239,7 @@ def create_app(
                 "this token's numbers are at GET /v1/stats",
             )
         transport = jf.transport
-        queue_db = transport.db if isinstance(transport, DatabaseQueue) else None
+        queue_db = transport.queue_db
         await service.refresh_gauges(jf.db, queue_db)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
@@ -248,7 +247,7 @@ def create_app(
     async def stats(who: Principal = viewer) -> Any:
         """Dead letters by queue, category and status; queue depth (unscoped tokens)."""
         transport = jf.transport
-        queue_db = transport.db if isinstance(transport, DatabaseQueue) else None
+        queue_db = transport.queue_db
         found = await service.stats(database(), actor=actor_of(who), queue_db=queue_db)
         return {"letters": found.letters, "queue_depth": found.queue_depth}
 

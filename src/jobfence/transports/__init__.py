@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 
+from ..db import Database
 from ..errors import Category, EnqueueError
 from ..jobs import Delivery
 from ..store import OutgoingJob
@@ -51,6 +52,8 @@ class Transport(ABC):
     name: str = "transport"
     #: Acks can join the work transaction (the queue is a table in the fence's database).
     shares_database: bool = False
+    #: The database holding the queue's table (the database queue), else None (a broker).
+    queue_db: Database | None = None
 
     @property
     def max_payload(self) -> int | None:

@@ -79,7 +79,7 @@ class DatabaseQueue(Transport):
         worker_id: str | None = None,
         sqlite_poll: float = 0.05,
     ) -> None:
-        self.db = db
+        self.db = self.queue_db = db
         self.store = Store(db)
         self.name = db.dialect
         self.shares_database = shares_database
@@ -94,7 +94,7 @@ class DatabaseQueue(Transport):
         self._drained: tuple[str, ...] | None = None
 
     def _queues_param(self, queues: Sequence[str]) -> Any:
-        return list(queues) if self.db.dialect == "postgresql" else json.dumps(list(queues))
+        return self.db.array(queues)
 
     async def close(self) -> None:
         if self._listener is not None:

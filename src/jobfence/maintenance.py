@@ -1,0 +1,97 @@
+"""What a worker does in the background besides its jobs: fence cleanup (SPEC T2), alert
+delivery (SPEC D4) and the database gauges (SPEC K1). The duties take plain values (the
+databases, the settings, the youngest fence age that may go), not an App."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from .alerts import AlertDispatcher, AlertSink, sinks_from_env
+from .cleanup import DEFAULT_BATCH, DEFAULT_INTERVAL, cleanup_loop
+from .db import Database
+from .deadletters import refresh_gauges
+from .errors import ConfigurationError
+
+log = logging.getLogger("jobfence.maintenance")
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """What a worker does in the background besides its jobs (``App(maintenance=…)``).
+
+    ``alert_sinks`` None means "from the environment" (see :func:`jobfence.alerts.sinks_from_env`);
+    an empty list means "record alerts, deliver them nowhere".
+    """
+
+    cleanup: bool = True
+    cleanup_interval: timedelta = DEFAULT_INTERVAL
+    cleanup_batch: int = DEFAULT_BATCH
+    alerts: bool = True
+    alert_sinks: Sequence[AlertSink] | None = None
+    alert_interval: timedelta = timedelta(seconds=5)
+    alert_window: timedelta = timedelta(minutes=5)
+    alert_timeout: timedelta = timedelta(seconds=10)
+    gauges_interval: timedelta = timedelta(seconds=30)
+
+    def __post_init__(self) -> None:
+        if self.cleanup_batch < 1:
+            raise ConfigurationError("cleanup_batch must be at least 1")
+        for name in (
+            "cleanup_interval",
+            "alert_interval",
+            "alert_window",
+            "alert_timeout",
+            "gauges_interval",
+        ):
+            if getattr(self, name) <= timedelta(0):
+                raise ConfigurationError(f"{name} must be a positive duration")
+
+
+async def _gauges_loop(db: Database, queue_db: Database | None, interval: timedelta) -> None:
+    while True:
+        try:
+            await refresh_gauges(db, queue_db)
+        except Exception:
+            log.exception("refreshing the database gauges failed")
+        await asyncio.sleep(interval.total_seconds())
+
+
+async def housekeeping(
+    settings: Maintenance, db: Database, *, queue_db: Database | None, min_age: timedelta
+) -> None:
+    """A worker's background duties, until cancelled: fence cleanup (never of a fence younger
+    than ``min_age``), alert delivery and the database gauges (``queue_db``: the database
+    queue's, when it is not ``db``), as ``settings`` say. Never raises."""
+    async with asyncio.TaskGroup() as group:
+        if settings.cleanup:
+            group.create_task(
+                cleanup_loop(
+                    db,
+                    min_age=min_age,
+                    interval=settings.cleanup_interval,
+                    batch=settings.cleanup_batch,
+                ),
+                name="jobfence-cleanup",
+            )
+        if settings.alerts:
+            try:
+                sinks = sinks_from_env() if settings.alert_sinks is None else settings.alert_sinks
+                dispatcher = AlertDispatcher(
+                    db,
+                    sinks,
+                    window=settings.alert_window,
+                    timeout=settings.alert_timeout.total_seconds(),
+                )
+            except ConfigurationError as exc:
+                log.error("alerts will not be delivered: %s", exc)
+            else:
+                group.create_task(
+                    dispatcher.run(interval=settings.alert_interval), name="jobfence-alerts"
+                )
+        group.create_task(
+            _gauges_loop(db, queue_db, settings.gauges_interval), name="jobfence-gauges"
+        )
