@@ -104,6 +104,12 @@ async def claim_tx(tx: Tx, consumer: str, job_id: str, ttl: timedelta = DEFAULT_
     return bool(rows)
 
 
+async def unclaim_tx(tx: Tx, consumer: str, job_id: str) -> None:
+    """Take back a fence written earlier in ``tx`` (a job of a group commit failed: its
+    savepoint rolled back its work, and its fence must not commit without it)."""
+    await tx.q("unfence", {"consumer": consumer, "job_id": job_id})
+
+
 # -- the TTL (SPEC T1) --------------------------------------------------------------------------
 
 

@@ -32,12 +32,11 @@ from typing import Any
 from . import fence
 from .codec import Decoder
 from .db import BatchLost, Database, SyncTx, Tx, current_tx
-from .db.postgres import PostgresDatabase
 from .errors import Category, PoisonPayload, Retry, classify, describe, error_code
 from .fence import FenceOutcome
-from .jobs import Delivery, Job, history_json
+from .jobs import Delivery, Job
 from .observers import Observers
-from .retry import RetryPolicy
+from .retry import Decision, RetryPolicy
 from .store import DEFAULT_PAYLOAD_LIMIT, Store
 from .transports import Transport
 
@@ -187,8 +186,12 @@ class Harness:
 
     @property
     def can_batch(self) -> bool:
-        """Group commit needs the queue in the fence's database, on PostgreSQL."""
-        return self.transport.shares_database and isinstance(self.db, PostgresDatabase)
+        """Group commit needs the queue in the fence's database, and a database that can."""
+        return (
+            self.transport.shares_database
+            and self.transport.queue_db is not None
+            and self.db.supports_batch
+        )
 
     async def handle_batch(self, deliveries: list[Delivery]) -> list[Outcome]:
         """Group commit: several deliveries in one transaction, each job in its own savepoint.
@@ -217,7 +220,6 @@ class Harness:
         screened: list[tuple[int, Delivery, Consumer, Job[Any]]],
         outcomes: dict[int, Outcome],
     ) -> None:
-        assert isinstance(self.db, PostgresDatabase)
         params = {
             "ids": [d.ref for _, d, _, _ in screened],
             "tokens": [d.token for _, d, _, _ in screened],
@@ -304,29 +306,11 @@ class Harness:
     ) -> Outcome:
         """A job of a batch failed; its savepoint is rolled back. Undo its fence and ack, and
         write its retry or dead letter, all in the batch's transaction."""
-        category = classify(exc)
-        requested = exc.delay if isinstance(exc, Retry) else None
-        decision = consumer.policy.decide(category, delivery.attempt, requested_delay=requested)
-        error = describe(exc)
-        key = {"consumer": consumer.name, "job_id": delivery.job_id}
+        category, decision, error = self._decide(delivery, consumer, exc)
         if self.fence_enabled:
-            await tx.q("unfence", key)
+            await fence.unclaim_tx(tx, consumer.name, delivery.job_id)
         if decision.retry:
-            await tx.q(
-                "requeue",
-                {
-                    "queue": delivery.queue,
-                    "job_id": delivery.job_id,
-                    "correlation_id": delivery.correlation_id,
-                    "payload": delivery.payload,
-                    "attempts": delivery.attempt,
-                    "delay": decision.delay.total_seconds(),
-                    "enqueued_at": delivery.enqueued_at,
-                    "history": history_json(delivery.history),
-                    "category": category.value,
-                    "error": error,
-                },
-            )
+            await self.transport.requeue_tx(tx, delivery, decision.delay, category, error)
             notes.append(
                 partial(
                     self.observers.job_retry,
@@ -391,11 +375,19 @@ class Harness:
         except Exception:
             log.exception("could not release job on shutdown; its lease will expire")
 
-    async def _failed(self, delivery: Delivery, consumer: Consumer, exc: Exception) -> Outcome:
+    @staticmethod
+    def _decide(
+        delivery: Delivery, consumer: Consumer, exc: Exception
+    ) -> tuple[Category, Decision, str]:
+        """The one decision on a failed attempt: its category (R4), retry or not and when
+        (R1/R2), and its description."""
         category = classify(exc)
         requested = exc.delay if isinstance(exc, Retry) else None
         decision = consumer.policy.decide(category, delivery.attempt, requested_delay=requested)
-        error = describe(exc)
+        return category, decision, describe(exc)
+
+    async def _failed(self, delivery: Delivery, consumer: Consumer, exc: Exception) -> Outcome:
+        category, decision, error = self._decide(delivery, consumer, exc)
         if not decision.retry:
             return await self._dead(delivery, consumer.name, category, error, error_code(exc))
         try:

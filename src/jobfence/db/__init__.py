@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, LiteralString
 
 from ..config import DatabaseURL
-from ..errors import TransactionBoundaryError
+from ..errors import ConfigurationError, TransactionBoundaryError
 from ..sql import Dialect, queries
 
 Params = Sequence[Any] | Mapping[str, Any] | None
@@ -330,6 +330,16 @@ class Database(ABC):
         """A transaction that starts by running the named ``steps`` (one parameter set for
         all), in as few round trips as the driver allows; yields the transaction and each
         step's rows, and commits on success."""
+
+    #: Group commit (:meth:`batch`): many jobs in one transaction, each in a savepoint.
+    supports_batch: bool = False
+
+    def batch(
+        self, step: str, params: Mapping[str, Any]
+    ) -> AbstractAsyncContextManager[tuple[Any, list[Row]]]:
+        """Group commit: a transaction that starts with the named ``step`` and gives each job
+        its own savepoint (``batch.job()``); see :attr:`supports_batch`."""
+        raise ConfigurationError(f"group commit is not available on {self.dialect}")
 
     @abstractmethod
     async def run(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:

@@ -408,6 +408,7 @@ async def _named(
 
 class PostgresDatabase(Database):
     dialect = "postgresql"
+    supports_batch = True
 
     _pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
 

@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 
-from ..db import Database
-from ..errors import Category, EnqueueError
+from ..db import Database, Tx
+from ..errors import Category, ConfigurationError, EnqueueError
 from ..jobs import Delivery
 from ..store import OutgoingJob
 
@@ -110,6 +110,13 @@ class Transport(ABC):
         leaves the delivery unacked: it comes back, and the dead letter's write is idempotent.
         """
 
+    async def requeue_tx(
+        self, tx: Tx, delivery: Delivery, delay: timedelta, category: Category, error: str
+    ) -> None:
+        """:meth:`retry` inside the work transaction ``tx``, for a delivery already acked in
+        it (group commit). Only a queue in the fence's database can (:attr:`queue_db`)."""
+        raise ConfigurationError(f"the {self.name} transport cannot retry inside a transaction")
+
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         """Renew the leases of deliveries still being worked on (heartbeat)."""
 
@@ -148,7 +155,6 @@ def broker_from_url(url: str, *, lease: timedelta, worker_id: str) -> Transport:
     """
     import importlib
 
-    from ..errors import ConfigurationError
 
     scheme = url_scheme(url)
     if scheme not in BROKERS:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import sqlite3
 import uuid
@@ -19,9 +18,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..db import Database, to_datetime
+from ..db import Database, Tx, to_datetime
 from ..errors import Category
-from ..jobs import Delivery, history_from
+from ..jobs import Delivery, history_from, history_json
 from ..store import OutgoingJob, Store
 from . import Transport
 
@@ -202,6 +201,28 @@ class DatabaseQueue(Transport):
             },
         )
 
+    async def requeue_tx(
+        self, tx: Tx, delivery: Delivery, delay: timedelta, category: Category, error: str
+    ) -> None:
+        """:meth:`retry` for a delivery whose queue row was already acked in ``tx`` (group
+        commit): the row is written again, scheduled, with this attempt in its history, in
+        the caller's transaction."""
+        await tx.q(
+            "requeue",
+            {
+                "queue": delivery.queue,
+                "job_id": delivery.job_id,
+                "correlation_id": delivery.correlation_id,
+                "payload": delivery.payload,
+                "attempts": delivery.attempt,
+                "delay": delay.total_seconds(),
+                "enqueued_at": delivery.enqueued_at,
+                "history": history_json(delivery.history),
+                "category": category.value,
+                "error": error,
+            },
+        )
+
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
         await self.db.run("release", {**self._ref(delivery), "refund": 0 if attempted else 1})
         self.wake()
@@ -209,13 +230,12 @@ class DatabaseQueue(Transport):
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
-        ids = [d.ref for d in deliveries]
-        tokens = [d.token for d in deliveries]
-        if self.db.dialect == "sqlite":
-            params: dict[str, Any] = {"ids": json.dumps(ids), "tokens": json.dumps(tokens)}
-        else:
-            params = {"ids": ids, "tokens": tokens}
-        await self.db.run("extend_leases", {**params, "lease": self.lease.total_seconds()})
+        params = {
+            "ids": self.db.array(d.ref for d in deliveries),
+            "tokens": self.db.array(d.token for d in deliveries),
+            "lease": self.lease.total_seconds(),
+        }
+        await self.db.run("extend_leases", params)
 
     async def maintenance(self) -> None:
         rows = await self.db.run("reap_expired", {"limit": 1000})
