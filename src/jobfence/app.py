@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -12,7 +11,8 @@ from typing import Any, TypeVar
 from . import fence
 from .codec import Decoder, Schema, encode
 from .config import DEFAULT_BATCH_WINDOW, DatabaseURL, parse_database_url
-from .db import Database, Tx, connect, current_tx
+from .db import Database, SyncTx, Tx, connect, current_tx
+from .db.adopt import adopt, connect_sync
 from .errors import ConfigurationError, EnqueueError
 from .fence import DEFAULT_FENCE_TTL
 from .harness import Consumer, Handler
@@ -378,32 +378,9 @@ class App:
             )
         return Store(connect(self.url))
 
-    def _as_tx(self, connection: Any) -> Tx:
-        if isinstance(connection, Tx):
-            return connection
-        from .db import SyncTx
-
-        if isinstance(connection, SyncTx):
-            raise EnqueueError(
-                "from a plain `def` handler use app.enqueue_sync(..., connection=tx)"
-            )
-        import aiosqlite
-        import psycopg
-
-        from .sql import queries
-
-        if isinstance(connection, psycopg.AsyncConnection):
-            from .db.postgres import PgTx
-
-            return PgTx(connection, queries("postgresql"))
-        if isinstance(connection, aiosqlite.Connection):
-            from .db.sqlite import SqliteTx
-
-            return SqliteTx(connection, queries("sqlite"))
-        raise EnqueueError(
-            f"cannot enqueue on a {type(connection).__name__}; pass the handler's tx, a psycopg "
-            "AsyncConnection or an aiosqlite Connection (sync connections: app.enqueue_sync)"
-        )
+    @staticmethod
+    def _as_tx(connection: Any) -> Tx:
+        return adopt(connection, doing="enqueue", sync_way="app.enqueue_sync(..., connection=tx)")
 
     def enqueue_sync(
         self,
@@ -421,8 +398,6 @@ class App:
         ``def`` handler's ``tx``) the job joins that transaction; the caller commits. Without
         it, a short connection of its own is opened and committed.
         """
-        from .db import SyncTx
-
         job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
         if isinstance(connection, SyncTx):
             connection._run(self.enqueue_many([job], connection=connection.async_tx))
@@ -437,15 +412,8 @@ class App:
                 "inside a handler on SQLite, enqueue with connection=tx: a second write "
                 "transaction would wait for the handler's own"
             )
-        if self.url.dialect == "sqlite":
-            with sqlite3.connect(self.url.target, timeout=30) as conn:
-                store.enqueue_sync(conn, [job])
-            conn.close()
-        else:
-            import psycopg
-
-            with psycopg.connect(self.url.target) as pg:
-                store.enqueue_sync(pg, [job])
+        with connect_sync(self.url) as conn:
+            store.enqueue_sync(conn, [job])
         return job.job_id
 
     # -- workers ----------------------------------------------------------------------------

@@ -30,7 +30,6 @@ import contextlib
 import json
 import logging
 import signal
-import sqlite3
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -40,7 +39,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import Counter
 
-from .db import Database, SyncTx, Tx, to_datetime
+from .db import Database, Tx, to_datetime
+from .db.adopt import SyncConnection, adopt
 from .errors import (
     Category,
     ConfigurationError,
@@ -51,7 +51,6 @@ from .errors import (
     error_code,
 )
 from .retry import RetryPolicy
-from .sql import queries
 from .store import OutgoingJob
 
 if TYPE_CHECKING:
@@ -125,28 +124,6 @@ def _event(
     }
 
 
-def _as_tx(connection: Any) -> Tx:
-    if isinstance(connection, Tx):
-        return connection
-    if isinstance(connection, SyncTx):
-        raise EnqueueError("from a plain `def` handler use outbox.write_sync(tx, ...)")
-    import aiosqlite
-    import psycopg
-
-    if isinstance(connection, psycopg.AsyncConnection):
-        from .db.postgres import PgTx
-
-        return PgTx(connection, queries("postgresql"))
-    if isinstance(connection, aiosqlite.Connection):
-        from .db.sqlite import SqliteTx
-
-        return SqliteTx(connection, queries("sqlite"))
-    raise EnqueueError(
-        f"cannot write an outbox event on a {type(connection).__name__}; pass a jobfence Tx, a "
-        "psycopg AsyncConnection or an aiosqlite Connection (sync connections: write_sync)"
-    )
-
-
 def _duplicate(event_id: str) -> EnqueueError:
     return EnqueueError(
         f"event {event_id!r} is already in the outbox; an event id is written once (it is the "
@@ -173,7 +150,7 @@ async def write(
     or an event id already in the outbox (without aborting the transaction).
     """
     params = _event(queue, payload, event_id, key, correlation_id)
-    tx = _as_tx(connection)
+    tx = adopt(connection, doing="write an outbox event", sync_way="outbox.write_sync(tx, ...)")
     if not await tx.q("outbox_write", params):
         raise _duplicate(params["event_id"])
     return str(params["event_id"])
@@ -191,21 +168,7 @@ def write_sync(
     """:func:`write` for synchronous code: a psycopg ``Connection``, an ``sqlite3.Connection``
     or a plain ``def`` handler's ``tx``, inside a transaction the caller commits."""
     params = _event(queue, payload, event_id, key, correlation_id)
-    if isinstance(connection, SyncTx):
-        rows = connection._run(connection.async_tx.q("outbox_write", params))
-    elif isinstance(connection, sqlite3.Connection):
-        rows = connection.execute(queries("sqlite")["outbox_write"], params).fetchall()
-    else:
-        import psycopg
-
-        if not isinstance(connection, psycopg.Connection):
-            raise EnqueueError(
-                f"cannot write an outbox event on a {type(connection).__name__}; pass a psycopg "
-                "Connection, an sqlite3 Connection or a `def` handler's tx"
-            )
-        with connection.cursor() as cur:
-            cur.execute(queries("postgresql")["outbox_write"], params)
-            rows = cur.fetchall()
+    rows = SyncConnection(connection, doing="write an outbox event").run("outbox_write", params)
     if not rows:
         raise _duplicate(params["event_id"])
     return str(params["event_id"])

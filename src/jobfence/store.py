@@ -7,13 +7,13 @@ module decides what.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 from .db import Database, Tx, to_datetime
+from .db.adopt import SyncConnection
 from .errors import Category, SchemaError
 from .jobs import AttemptRecord, Delivery, history_from, history_json
 from .sql import Dialect, migrations
@@ -179,25 +179,8 @@ class Store:
     def enqueue_sync(self, conn: Any, jobs: Sequence[OutgoingJob]) -> None:
         """Enqueue on a caller's *sync* connection (psycopg ``Connection`` or ``sqlite3``),
         inside whatever transaction the caller has open; the caller commits."""
-        query = self.db.sql["enqueue"]
-        params = [job.params() for job in jobs]
-        if isinstance(conn, sqlite3.Connection):
-            if self.dialect != "sqlite":
-                raise TypeError("an sqlite3 connection cannot enqueue into a PostgreSQL store")
-            conn.executemany(query, params)
-            return
-        import psycopg
-
-        if isinstance(conn, psycopg.Connection):
-            if self.dialect != "postgresql":
-                raise TypeError("a psycopg connection cannot enqueue into a SQLite store")
-            with conn.cursor() as cur:
-                cur.executemany(query, params)
-            return
-        raise TypeError(
-            f"cannot enqueue on a {type(conn).__name__}; pass a psycopg Connection, an sqlite3 "
-            "Connection, or use `await app.enqueue(..., connection=...)` for async connections"
-        )
+        adopted = SyncConnection(conn, doing="enqueue", dialect=self.dialect)
+        adopted.run_many("enqueue", [job.params() for job in jobs])
 
     # -- dead letters -----------------------------------------------------------------------
 

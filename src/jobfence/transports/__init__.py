@@ -155,7 +155,6 @@ def broker_from_url(url: str, *, lease: timedelta, worker_id: str) -> Transport:
     """
     import importlib
 
-
     scheme = url_scheme(url)
     if scheme not in BROKERS:
         raise ConfigurationError(
