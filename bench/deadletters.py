@@ -31,7 +31,7 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from jobfence import App, Job, Observer, Tx
+from jobfence import App, Job, Observer, Tx, replays
 from jobfence import deadletters as dl
 from jobfence.cleanup import cleanup_fences
 from jobfence.fence import DEFAULT_FENCE_TTL, claim_tx
@@ -100,10 +100,10 @@ async def bench_replay(store: str, letters: int) -> ReplayRun:
             async with app.db.transaction() as tx:
                 await tx.qmany("insert_dead_letter", [_letter(store, i) for i in range(letters)])
             started = time.perf_counter()
-            preview = await dl.preview_replay(app.db, dl.Filter(queue="credits"), actor=OPS)
+            preview = await replays.preview_replay(app.db, dl.Filter(queue="credits"), actor=OPS)
             preview_s = time.perf_counter() - started
             started = time.perf_counter()
-            status = await dl.run_replay(
+            status = await replays.run_replay(
                 app.db, app.transport, preview.replay_id, actor=OPS, expected_total=letters
             )
             replay_s = time.perf_counter() - started

@@ -9,8 +9,9 @@ from datetime import datetime, timedelta
 import pydantic
 import pytest
 
-from jobfence import App, Job, RetryPolicy, TemporaryError, Tx
+from jobfence import App, Job, RetryPolicy, TemporaryError, Tx, deadletters
 from jobfence.harness import Outcome
+from jobfence.letters import get_letter
 
 from .helpers import RunningWorker, credit, eventually, query, scalar, table
 
@@ -73,9 +74,9 @@ async def test_transient_failure_retries_five_times_with_growing_intervals(
         await app.enqueue("erp.send", {"po": 1}, job_id="po-1", correlation_id="req-7")
         async with RunningWorker(app, concurrency=2):
             letters = await eventually(
-                lambda: app.store.list_dead_letters(), timeout=30, what="a dead letter"
+                lambda: deadletters.letters(app.db), timeout=30, what="a dead letter"
             )
-        letter = await app.store.get_dead_letter(letters[0].id)
+        letter = await get_letter(app.db, letters[0].id)
     assert attempts == [1, 2, 3, 4, 5, 6]
     assert letter is not None
     assert (letter.job_id, letter.attempts, letter.error_category, letter.correlation_id) == (
@@ -121,9 +122,9 @@ async def test_schema_invalid_payload_goes_straight_to_dead_letters(database_url
     async with app:
         await app.enqueue("points.credit", {"member_id": "m-1", "points": "lots"}, job_id="bad-1")
         async with RunningWorker(app) as w:
-            letters = await eventually(lambda: app.store.list_dead_letters(), what="dead letter")
+            letters = await eventually(lambda: deadletters.letters(app.db), what="dead letter")
             await eventually(lambda: w.stats.handled == 1, what="settled")
-        letter = await app.store.get_dead_letter(letters[0].id)
+        letter = await get_letter(app.db, letters[0].id)
     assert called is False
     assert letter is not None
     assert (letter.attempts, letter.error_category, letter.error_code) == (

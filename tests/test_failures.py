@@ -20,6 +20,7 @@ from jobfence import (
     Retry,
     RetryPolicy,
     Tx,
+    deadletters,
 )
 from jobfence.jobs import Delivery
 
@@ -62,7 +63,7 @@ async def test_connection_killed_mid_job_is_temporary_and_retried(pg_ledger: str
         await app.enqueue("q", {}, job_id="j-1")
         async with RunningWorker(app) as w:
             await eventually(lambda: w.stats.handled == 2, what="retry then success")
-        assert await app.store.list_dead_letters() == []
+        assert await deadletters.letters(app.db) == []
     assert retries.seen == [("j-1", 1, Category.TEMPORARY_ERROR)]
     assert await query(ledger, "SELECT job_id, points FROM ledger") == [("j-1", 2)]
 
@@ -90,7 +91,7 @@ async def test_real_deadlock_is_temporary_and_both_jobs_succeed(pg_database: str
         await app.enqueue("q", {"first": 2, "second": 1}, job_id="b")
         async with RunningWorker(app, concurrency=2) as w:
             await eventually(lambda: w.stats.handled == 3, timeout=30, what="deadlock resolved")
-        assert await app.store.list_dead_letters() == []
+        assert await deadletters.letters(app.db) == []
     assert [(c) for _, _, c in retries.seen] == [Category.TEMPORARY_ERROR]
     assert await query(pg_database, "SELECT id, n FROM counters ORDER BY id") == [(1, 2), (2, 2)]
 
@@ -109,7 +110,7 @@ async def test_unknown_exception_gets_limited_retries_then_dead_letter(database_
     async with app:
         await app.enqueue("q", {}, job_id="j")
         async with RunningWorker(app):
-            letters = await eventually(lambda: app.store.list_dead_letters(), what="dead letter")
+            letters = await eventually(lambda: deadletters.letters(app.db), what="dead letter")
     assert attempts == [1, 2, 3]
     assert (letters[0].attempts, letters[0].error_category, letters[0].error_code) == (
         3,
@@ -140,7 +141,7 @@ async def test_taxonomy_decides_the_number_of_attempts(
     async with app:
         await app.enqueue("q", {}, job_id="j")
         async with RunningWorker(app):
-            letters = await eventually(lambda: app.store.list_dead_letters(), what="dead letter")
+            letters = await eventually(lambda: deadletters.letters(app.db), what="dead letter")
     assert attempts == expected_attempts
     assert letters[0].error_category == category
     if isinstance(exc, NonRetryableError):

@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from jobfence import App, Job, NonRetryableError, RetryPolicy, TemporaryError, Tx
+from jobfence import App, Job, NonRetryableError, RetryPolicy, TemporaryError, Tx, deadletters
 from jobfence.harness import Outcome
 
 from .helpers import (
@@ -111,7 +111,7 @@ async def test_dead_letter_inside_a_batch(pg_ledger: str) -> None:
     payloads = [("ok-1", {}), ("bad", {"fail": "never"}), ("ok-2", {})]
     stats = await _run_batch(app, payloads, settle=3)
     async with app:
-        (letter,) = await app.store.list_dead_letters()
+        (letter,) = await deadletters.letters(app.db)
     assert (letter.job_id, letter.attempts, letter.error_category, letter.error_code) == (
         "bad",
         1,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pydantic
 
-from jobfence import App, Job, Tx
-from jobfence.store import DEFAULT_PAYLOAD_LIMIT
+from jobfence import App, Job, Tx, deadletters
+from jobfence.letters import DEFAULT_PAYLOAD_LIMIT, get_letter
 
 from .helpers import RunningWorker, credit, eventually, query
 
@@ -54,10 +54,10 @@ async def test_poison_corpus_each_becomes_one_dead_letter_with_exact_bytes(ledge
             # the worker is still alive and working
             await app.enqueue("points.credit", {"member_id": "ok", "points": 3}, job_id="after")
             await eventually(lambda: w.stats.handled == len(CORPUS) + 1, what="valid job")
-        letters = await app.store.list_dead_letters(limit=100)
+        letters = await deadletters.letters(app.db, limit=100)
         assert sorted(dl.job_id for dl in letters) == sorted(CORPUS)
         for summary in letters:
-            letter = await app.store.get_dead_letter(summary.id)
+            letter = await get_letter(app.db, summary.id)
             assert letter is not None
             assert letter.payload == CORPUS[letter.job_id], letter.job_id
             assert (letter.attempts, letter.error_category, letter.payload_size) == (
@@ -83,8 +83,8 @@ async def test_payload_over_the_limit_is_kept_truncated_and_says_so(database_url
     async with app:
         await app.enqueue("q", raw, job_id="huge")
         async with RunningWorker(app):
-            letters = await eventually(lambda: app.store.list_dead_letters(), what="dead letter")
-        letter = await app.store.get_dead_letter(letters[0].id)
+            letters = await eventually(lambda: deadletters.letters(app.db), what="dead letter")
+        letter = await get_letter(app.db, letters[0].id)
     assert letter is not None
     assert letter.payload == raw[: 64 * 1024]
     assert (letter.payload_size, letter.payload_truncated) == (len(raw), True)
@@ -94,19 +94,18 @@ async def test_same_delivery_dead_lettered_twice_keeps_one_letter(database_url: 
     """Writing a dead letter is idempotent: a second write for the same pending job is absorbed."""
     from jobfence.errors import Category
     from jobfence.jobs import Delivery
-    from jobfence.store import Store
+    from jobfence.letters import write as write_letter
 
     app = App(database_url, auto_migrate=True)
     async with app:
-        store = Store(app.db)
         delivery = Delivery(queue="q", job_id="j-1", payload=b"\x00raw", attempt=3)
-        first, created = await store.write_dead_letter(
-            delivery, "q", Category.TECHNICAL_ERROR, "boom", None, ack=False
+        first, created = await write_letter(
+            app.db, delivery, "q", Category.TECHNICAL_ERROR, "boom", None, ack=False
         )
-        second, again = await store.write_dead_letter(
-            delivery, "q", Category.TECHNICAL_ERROR, "boom", None, ack=False
+        second, again = await write_letter(
+            app.db, delivery, "q", Category.TECHNICAL_ERROR, "boom", None, ack=False
         )
-        letters = await store.list_dead_letters()
+        letters = await deadletters.letters(app.db)
     assert first is not None
     assert (created, second, again) == (True, first, False)
     assert [(dl.id, dl.job_id, dl.attempts) for dl in letters] == [(first, "j-1", 3)]

@@ -24,8 +24,10 @@ from jobfence import (
     RetryPolicy,
     TemporaryError,
     Tx,
+    deadletters,
 )
 from jobfence.jobs import Delivery
+from jobfence.letters import get_letter
 
 from .conftest import create_pg_database, drop_pg_database, pg_url
 from .helpers import (
@@ -160,8 +162,8 @@ async def test_a_job_that_keeps_killing_its_worker_ends_as_a_dead_letter(
             await app.transport.maintenance()
         async with RunningWorker(app) as w:
             await eventually(lambda: w.stats.handled == 1, what="dead-lettered")
-        (summary,) = await app.store.list_dead_letters()
-        letter = await app.store.get_dead_letter(summary.id)
+        (summary,) = await deadletters.letters(app.db)
+        letter = await get_letter(app.db, summary.id)
     assert letter is not None
     assert (letter.attempts, letter.error_category, letter.error_code) == (
         7,
@@ -265,7 +267,7 @@ async def test_a_handler_enqueues_follow_up_work_in_its_own_transaction(ledger: 
             await eventually(
                 lambda: query(ledger, "SELECT job_id FROM ledger"), what="follow-up processed"
             )
-            await eventually(lambda: app.store.list_dead_letters(), what="failing job dead")
+            await eventually(lambda: deadletters.letters(app.db), what="failing job dead")
     assert await query(ledger, "SELECT job_id FROM ledger") == [("works-next",)]
 
 

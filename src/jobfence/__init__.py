@@ -34,9 +34,10 @@ from .errors import (
     classify,
 )
 from .jobs import AttemptRecord, Delivery, Job
+from .letters import DeadLetter
 from .observers import Observer
 from .retry import DEFAULT_POLICY, RetryPolicy
-from .store import DeadLetter, OutgoingJob
+from .store import OutgoingJob
 from .transports import Transport
 from .worker import Worker
 

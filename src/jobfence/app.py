@@ -18,12 +18,13 @@ from .fence import DEFAULT_FENCE_TTL
 from .harness import Consumer, Handler
 from .jobs import check_job_id, check_queue
 from .leases import default_holder
+from .letters import DEFAULT_PAYLOAD_LIMIT
 from .logs import LogObserver
 from .maintenance import Maintenance
 from .metrics import MetricsObserver
 from .observers import Observer, Observers
 from .retry import DEFAULT_POLICY, RetryPolicy
-from .store import DEFAULT_PAYLOAD_LIMIT, OutgoingJob, Store
+from .store import OutgoingJob, Store
 from .transports import Transport, broker_from_url, check_payload_sizes, is_broker_url
 from .transports.database import (
     DatabaseQueue,

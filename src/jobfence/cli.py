@@ -309,13 +309,15 @@ def list_dead_letters(
     as_json: bool,
 ) -> None:
     """List dead letters, newest first (no payloads; see `show`)."""
+    from . import deadletters
     from .app import App
 
     app = App(database_url)
 
     async def go() -> list[Any]:
         async with app:
-            return await app.store.list_dead_letters(
+            return await deadletters.letters(
+                app.db,
                 status=None if status == "all" else status,
                 queue=queue,
                 category=category,

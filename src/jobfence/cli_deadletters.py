@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import deadletters as service
+from . import letters, replays
 from .app import DEFAULT_LEASE, App
 from .cli import console, database_option, dead_letters, err_console, main_group, run
 from .cli import transport_option as _transport_option
@@ -105,7 +106,7 @@ def _default(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, bytes):
-        return service.payload_view(value)
+        return letters.payload_view(value)
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
@@ -133,7 +134,7 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
     letter = view.letter
     if as_json:
         data = letter.summary()
-        data["payload"] = service.payload_view(letter.payload)
+        data["payload"] = letters.payload_view(letter.payload)
         data["followers"] = view.followers
         data["audit"] = [e.to_json() for e in view.audit]
         _emit(data)
@@ -173,7 +174,7 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
             attempt.retry_at or "",
         )
     console.print(history)
-    shown = service.payload_view(letter.payload)
+    shown = letters.payload_view(letter.payload)
     size = f"{letter.payload_size} bytes" + (", truncated" if letter.payload_truncated else "")
     console.print(f"[bold]payload[/bold] ({shown['encoding']}, {size}):")
     text = shown["data"] or ""
@@ -193,7 +194,7 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
 # -- dead-letters replay -----------------------------------------------------------------------
 
 
-def _preview_table(preview: service.ReplayPreview) -> None:
+def _preview_table(preview: replays.ReplayPreview) -> None:
     table = Table(title=f"bulk replay {preview.replay_id}: {preview.total} pending letters")
     for column in ("queue", "category", "letters", "already applied", "truncated"):
         table.add_column(column)
@@ -231,7 +232,7 @@ def _preview_table(preview: service.ReplayPreview) -> None:
         )
 
 
-def _report(status: service.ReplayStatus, as_json: bool) -> None:
+def _report(status: replays.ReplayStatus, as_json: bool) -> None:
     if as_json:
         _emit({**status.__dict__, "done": status.done})
         return
@@ -345,16 +346,16 @@ def replay(
         ids=letter_ids or None,
     )
 
-    async def go() -> service.ReplayStatus | None:
+    async def go() -> replays.ReplayStatus | None:
         async with _opened(database_url, transport) as app:
             if resume_id is not None:
-                status = await service.replay_status(app.db, resume_id, actor=who)
+                status = await replays.replay_status(app.db, resume_id, actor=who)
                 if not as_json:
                     _report(status, False)
                 total = status.total
                 question = f"Run the rest of bulk replay {resume_id}?"
             else:
-                preview = await service.preview_replay(
+                preview = await replays.preview_replay(
                     app.db, flt, actor=who, all_pending=all_pending
                 )
                 if not as_json:
@@ -375,7 +376,7 @@ def replay(
                 raise click.exceptions.Abort
             progress, update = _progress_runner(as_json)
             with progress or contextlib.nullcontext():
-                return await service.run_replay(
+                return await replays.run_replay(
                     app.db,
                     app.transport,
                     replay_id,
@@ -427,10 +428,10 @@ def replay_report(
     """A bulk replay's status and its per-item report."""
     who = service.Actor(_default_actor(), "cli")
 
-    async def go() -> tuple[service.ReplayStatus, service.Page[dict[str, Any]]]:
+    async def go() -> tuple[replays.ReplayStatus, service.Page[dict[str, Any]]]:
         async with _opened(database_url) as app:
-            status = await service.replay_status(app.db, replay_id, actor=who)
-            items = await service.replay_items(
+            status = await replays.replay_status(app.db, replay_id, actor=who)
+            items = await replays.replay_items(
                 app.db, replay_id, actor=who, outcome=outcome, limit=limit
             )
             return status, items

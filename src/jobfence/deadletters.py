@@ -25,29 +25,21 @@ publishes the job again — a duplicate delivery that the fence absorbs. A repla
 A letter whose job_id is already fenced for its consumer is marked replayed without
 republishing (``already_applied``): its effect exists.
 
-**Bulk replay** works on a fixed snapshot: :func:`preview_replay` stores the ids a filter
-matches (with counts and a sample), :func:`start_replay` needs the operator to confirm that
-count, and :func:`execute_replay` works through the snapshot in batches — rate-limited, with a
-progress callback, recording an outcome per item. It is resumable and idempotent: only items
-without an outcome are attempted, and only letters still pending are republished, so running
-it again (or a new bulk replay over the same filter) republishes nothing twice.
+**Bulk replay** is :mod:`jobfence.replays`; the record itself is :mod:`jobfence.letters`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar
 
 from .db import Database, Tx, to_datetime
 from .errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
-from .leases import default_holder
-from .store import DeadLetter, OutgoingJob, Store
+from .letters import DeadLetter, from_row, get_letter
+from .store import OutgoingJob
 from .transports import Transport
 
 T = TypeVar("T")
@@ -56,15 +48,10 @@ Via = Literal["cli", "api", "library"]
 ItemOutcome = Literal["published", "already_applied", "not_pending", "truncated"]
 
 MAX_PAGE = 200
-MAX_BULK = 100_000
 MAX_IDS = 10_000
 MAX_REASON = 4000
 #: The largest id or cursor the stores hold (PostgreSQL bigint, SQLite INTEGER).
 MAX_ID = 2**63 - 1
-PREVIEW_TTL = timedelta(hours=1)
-RUNNER_LEASE = timedelta(seconds=60)
-DEFAULT_BATCH = 500
-BROKER_BATCH = 100  # payloads travel through Python when the queue is not in this database
 
 STATUSES = ("pending_review", "replayed", "discarded")
 
@@ -201,48 +188,6 @@ class ItemResult:
 
 
 @dataclass(frozen=True)
-class ReplayPreview:
-    """What a bulk replay will touch: the snapshot's size, a breakdown and a sample."""
-
-    replay_id: int
-    total: int
-    expires_at: datetime
-    filter: dict[str, Any]
-    breakdown: list[dict[str, Any]]  # queue, category, letters, truncated, applied
-    sample: list[dict[str, Any]]
-
-    @property
-    def already_applied(self) -> int:
-        return sum(int(row["applied"]) for row in self.breakdown)
-
-    @property
-    def truncated(self) -> int:
-        return sum(int(row["truncated"]) for row in self.breakdown)
-
-
-@dataclass(frozen=True)
-class ReplayStatus:
-    id: int
-    state: str  # previewed | running | done
-    total: int
-    counts: dict[str, int]  # outcome → items ("pending": not yet attempted)
-    filter: dict[str, Any]
-    partner: str | None
-    created_by: str
-    created_at: datetime
-    expires_at: datetime
-    confirmed_by: str | None
-    confirmed_at: datetime | None
-    finished_at: datetime | None
-    runner: str | None = None
-    runner_lost: bool = False
-
-    @property
-    def done(self) -> int:
-        return self.total - self.counts.get("pending", 0)
-
-
-@dataclass(frozen=True)
 class Stats:
     letters: list[dict[str, Any]]  # queue, category, status, letters
     queue_depth: list[dict[str, Any]] | None = field(default=None)  # None for partner scopes
@@ -324,16 +269,6 @@ def _entry(row: Mapping[str, Any]) -> AuditEntry:
     )
 
 
-def payload_view(payload: bytes | None) -> dict[str, Any]:
-    """A payload as people read it: UTF-8 text when it is, base64 otherwise."""
-    if payload is None:
-        return {"encoding": "none", "data": None}
-    try:
-        return {"encoding": "utf-8", "data": payload.decode("utf-8")}
-    except UnicodeDecodeError:
-        return {"encoding": "base64", "data": base64.b64encode(payload).decode("ascii")}
-
-
 def shares_transaction(transport: Transport) -> bool:
     """Whether a replay can republish in its own transaction (the database queue, same db)."""
     return transport.queue_db is not None and transport.shares_database
@@ -392,16 +327,41 @@ async def search(
         "limit": _limit(limit),
     }
     rows = await db.run("dl_search", params)
-    store = Store(db)
-    letters = [store._dead_letter(row) for row in rows]
+    letters = [from_row(row) for row in rows]
     cursor = letters[-1].id if len(letters) == limit else None
     return Page(letters, cursor)
+
+
+async def letters(
+    db: Database,
+    *,
+    status: str | None = None,
+    queue: str | None = None,
+    category: str | None = None,
+    limit: int = 50,
+    actor: Actor | None = None,
+) -> list[DeadLetter]:
+    """Up to ``limit`` letters, newest first, without payloads: :func:`search` page by page
+    (the library's and the CLI's listing; ``actor`` defaults to the library, all partners)."""
+    who = actor or Actor("library")
+    flt = Filter(status=status, queue=queue, category=category)
+    found: list[DeadLetter] = []
+    cursor: int | None = None
+    while len(found) < limit:
+        page = await search(
+            db, flt, actor=who, limit=min(MAX_PAGE, limit - len(found)), before=cursor
+        )
+        found.extend(page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    return found
 
 
 async def show(db: Database, letter_id: int, *, actor: Actor) -> LetterView:
     """One letter with its payload, every attempt, its replay chain and its audit trail."""
     _id(letter_id, "the dead letter id")
-    letter = await Store(db).get_dead_letter(letter_id)
+    letter = await get_letter(db, letter_id)
     if letter is None or not actor.sees(letter.partner):
         raise NotFound(f"no dead letter {letter_id}")
     followers = await db.run("dl_followers", {"id": letter.id, "job_id": letter.job_id})
@@ -451,7 +411,7 @@ async def stats(db: Database, *, actor: Actor, queue_db: Database | None = None)
     letters = [{**r, "letters": int(r["letters"])} for r in rows]
     if actor.partner is not None:
         return Stats(letters)
-    depth = await Store(queue_db or db).queue_depth()
+    depth = await (queue_db or db).run("queue_depth")
     return Stats(letters, [{**r, "jobs": int(r["jobs"])} for r in depth])
 
 
@@ -460,7 +420,7 @@ async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None
     from .metrics import ALERTS_UNDELIVERED, PENDING_REVIEW, QUEUE_DEPTH
 
     pending = await db.run("dl_pending_counts")
-    depth = await Store(queue_db or db).queue_depth()
+    depth = await (queue_db or db).run("queue_depth")
     undelivered = await db.run("alerts_undelivered")
     PENDING_REVIEW.clear()
     for row in pending:
@@ -501,7 +461,7 @@ async def discard(db: Database, letter_id: int, *, actor: Actor, reason: str) ->
                 "old_state": "pending_review",
             },
         )
-    letter = await Store(db).get_dead_letter(letter_id)
+    letter = await get_letter(db, letter_id)
     assert letter is not None
     return letter
 
@@ -523,416 +483,100 @@ async def replay(
     :class:`~jobfence.errors.ReviewConflict` (already decided, or its payload was truncated).
     """
     _id(letter_id, "the dead letter id")
-    results = await _replay_ids(
-        db, transport, [letter_id], actor=actor, reason=_reason(reason, required=False), single=True
-    )
-    return results[0]
+    why = _reason(reason, required=False)
+    async with db.transaction() as tx:
+        rows = await lock_for_review(db, tx, [letter_id])
+        row = rows.get(letter_id)
+        if row is None or not actor.sees(row["partner"]):
+            raise NotFound(f"no dead letter {letter_id}")
+        if row["status"] != "pending_review":
+            raise ReviewConflict(_decided(row))
+        (result,) = replay_outcomes(rows, [letter_id], actor)
+        if result.outcome == "truncated":
+            raise ReviewConflict(f"dead letter {letter_id}: {result.detail}")
+        woke = await republish(db, tx, transport, [result], actor=actor, reason=why)
+    if woke:
+        transport.wake()  # local workers (SQLite has no notifications)
+    return result
 
 
-async def _replay_ids(
+async def lock_for_review(db: Database, tx: Tx, ids: Sequence[int]) -> dict[int, Any]:
+    """The letters ``ids``, locked for a review decision in ``tx``, by id."""
+    return {int(r["id"]): r for r in await tx.q("dl_lock_for_review", {"ids": db.array(ids)})}
+
+
+def replay_outcomes(rows: Mapping[int, Any], ids: Sequence[int], actor: Actor) -> list[ItemResult]:
+    """What replaying each of ``ids`` would do, from their locked rows: ``published``,
+    ``already_applied`` (the job_id is fenced: its effect exists), ``truncated`` or
+    ``not_pending`` (not found in scope, or already decided)."""
+    results: list[ItemResult] = []
+    for letter_id in ids:
+        row = rows.get(letter_id)
+        if row is None or not actor.sees(row["partner"]):
+            results.append(ItemResult(letter_id, "not_pending", "not found in scope"))
+        elif row["status"] != "pending_review":
+            detail = f"already {row['status']} by {row['reviewed_by']}"
+            results.append(ItemResult(letter_id, "not_pending", detail))
+        elif row["payload_truncated"]:
+            detail = (
+                "its payload was truncated when it was dead-lettered, so it cannot be "
+                "republished; recover the job from its source, then discard this letter"
+            )
+            results.append(ItemResult(letter_id, "truncated", detail))
+        elif row["applied"]:
+            detail = "its job_id is fenced (the effect exists): marked replayed, not republished"
+            results.append(ItemResult(letter_id, "already_applied", detail))
+        else:
+            results.append(ItemResult(letter_id, "published"))
+    return results
+
+
+async def republish(
     db: Database,
+    tx: Tx,
     transport: Transport,
-    ids: Sequence[int],
+    results: Sequence[ItemResult],
     *,
     actor: Actor,
     reason: str | None,
     replay_id: int | None = None,
-    runner: str | None = None,
-    single: bool = False,
-) -> list[ItemResult]:
+) -> bool:
+    """Carry out :func:`replay_outcomes` in ``tx``: mark the letters replayed, republish the
+    ``published`` ones with the same job_id (an INSERT in ``tx`` on the database queue of this
+    database, else a publish before ``tx`` commits) and audit each. True when jobs were
+    queued in ``tx`` (wake local workers after the commit)."""
+    publish = [r.dead_letter_id for r in results if r.outcome == "published"]
+    applied = [r.dead_letter_id for r in results if r.outcome == "already_applied"]
+    if publish or applied:
+        await tx.q(
+            "dl_mark_replayed",
+            {"ids": db.array(publish + applied), "actor": actor.name, "reason": reason},
+        )
     in_tx = shares_transaction(transport)
-    results: list[ItemResult] = []
-    async with db.transaction() as tx:
-        if replay_id is not None:
-            renewed = await tx.q(
-                "replay_renew",
-                {"id": replay_id, "runner": runner, "lease": RUNNER_LEASE.total_seconds()},
+    if publish:
+        if in_tx:
+            await tx.q("dl_requeue", {"ids": db.array(publish)})
+        else:
+            payloads = await tx.q("dl_payloads", {"ids": db.array(publish)})
+            await transport.publish(
+                [
+                    OutgoingJob(r["queue"], r["job_id"], bytes(r["payload"]), r["correlation_id"])
+                    for r in payloads
+                ]
             )
-            if not renewed:
-                raise ReviewConflict(
-                    f"replay {replay_id} is no longer ours to run (another runner took it over)"
-                )
-        rows = {int(r["id"]): r for r in await tx.q("dl_lock_for_review", {"ids": db.array(ids)})}
-        for letter_id in ids:
-            row = rows.get(letter_id)
-            if row is None or not actor.sees(row["partner"]):
-                if single:
-                    raise NotFound(f"no dead letter {letter_id}")
-                results.append(ItemResult(letter_id, "not_pending", "not found in scope"))
-            elif row["status"] != "pending_review":
-                if single:
-                    raise ReviewConflict(_decided(row))
-                detail = f"already {row['status']} by {row['reviewed_by']}"
-                results.append(ItemResult(letter_id, "not_pending", detail))
-            elif row["payload_truncated"]:
-                detail = (
-                    "its payload was truncated when it was dead-lettered, so it cannot be "
-                    "republished; recover the job from its source, then discard this letter"
-                )
-                if single:
-                    raise ReviewConflict(f"dead letter {letter_id}: {detail}")
-                results.append(ItemResult(letter_id, "truncated", detail))
-            elif row["applied"]:
-                detail = (
-                    "its job_id is fenced (the effect exists): marked replayed, not republished"
-                )
-                results.append(ItemResult(letter_id, "already_applied", detail))
-            else:
-                results.append(ItemResult(letter_id, "published"))
-
-        publish = [r.dead_letter_id for r in results if r.outcome == "published"]
-        applied = [r.dead_letter_id for r in results if r.outcome == "already_applied"]
-        if publish or applied:
+    for outcome, letters in (("published", publish), ("already_applied", applied)):
+        if letters:
             await tx.q(
-                "dl_mark_replayed",
+                "audit_letters",
                 {
-                    "ids": db.array(publish + applied),
                     "actor": actor.name,
+                    "via": actor.via,
+                    "action": "dead_letter.replay",
+                    "replay_id": replay_id,
                     "reason": reason,
+                    "details": json.dumps({"outcome": outcome}),
+                    "ids": db.array(letters),
+                    "old_state": "pending_review",
                 },
             )
-        if publish:
-            if in_tx:
-                await tx.q("dl_requeue", {"ids": db.array(publish)})
-            else:
-                payloads = await tx.q("dl_payloads", {"ids": db.array(publish)})
-                await transport.publish(
-                    [
-                        OutgoingJob(
-                            r["queue"], r["job_id"], bytes(r["payload"]), r["correlation_id"]
-                        )
-                        for r in payloads
-                    ]
-                )
-        for outcome, letters in (("published", publish), ("already_applied", applied)):
-            if letters:
-                await tx.q(
-                    "audit_letters",
-                    {
-                        "actor": actor.name,
-                        "via": actor.via,
-                        "action": "dead_letter.replay",
-                        "replay_id": replay_id,
-                        "reason": reason,
-                        "details": json.dumps({"outcome": outcome}),
-                        "ids": db.array(letters),
-                        "old_state": "pending_review",
-                    },
-                )
-        if replay_id is not None:
-            groups: dict[tuple[str, str | None], list[int]] = {}
-            for r in results:
-                groups.setdefault((r.outcome, r.detail), []).append(r.dead_letter_id)
-            for (outcome, note), letters in groups.items():
-                await tx.q(
-                    "replay_items_done",
-                    {
-                        "replay_id": replay_id,
-                        "ids": db.array(letters),
-                        "outcome": outcome,
-                        "detail": note,
-                    },
-                )
-    if publish and in_tx:
-        transport.wake()  # local workers (SQLite has no notifications)
-    return results
-
-
-# -- act: bulk replay ------------------------------------------------------------------------
-
-
-async def preview_replay(
-    db: Database,
-    flt: Filter,
-    *,
-    actor: Actor,
-    all_pending: bool = False,
-    sample: int = 10,
-    expires_in: timedelta = PREVIEW_TTL,
-    limit: int = MAX_BULK,
-) -> ReplayPreview:
-    """Snapshot the pending letters ``flt`` matches (the dry run of a bulk replay).
-
-    Nothing is republished: this stores the exact ids, returns their count, a breakdown
-    (with how many are already applied or truncated) and a sample. Run it with
-    :func:`start_replay` + :func:`execute_replay` (or :func:`run_replay`) before it expires.
-    """
-    flt = replace(flt.check(), status=None)
-    if flt.is_empty and not all_pending:
-        raise InvalidRequest(
-            "say which letters to replay: give a filter (queue, category, error text, time "
-            "range, ids…), or ask for every pending letter explicitly (all_pending)"
-        )
-    if not 0 <= sample <= 100:
-        raise InvalidRequest("sample must be between 0 and 100")
-    criteria = flt.criteria() or {"all_pending": True}
-    async with db.transaction() as tx:
-        created = await tx.q(
-            "replay_create",
-            {
-                "actor": actor.name,
-                "partner": actor.partner,
-                "filter": json.dumps(criteria),
-                "expires_in": expires_in.total_seconds(),
-            },
-        )
-        replay_id = int(created[0]["id"])
-        await tx.q(
-            "replay_snapshot",
-            {**flt.params(db, actor.partner), "replay_id": replay_id, "limit": limit + 1},
-        )
-        total = int((await tx.q("replay_set_total", {"replay_id": replay_id}))[0]["total"])
-        if total > limit:
-            raise InvalidRequest(
-                f"the filter matches more than {limit} pending letters; narrow it (for "
-                "example with a time range) and replay in several steps"
-            )
-        breakdown = [
-            {
-                "queue": r["queue"],
-                "category": r["category"],
-                "letters": int(r["letters"]),
-                "truncated": int(r["truncated"] or 0),
-                "applied": int(r["applied"] or 0),
-            }
-            for r in await tx.q("replay_breakdown", {"replay_id": replay_id})
-        ]
-        samples = [
-            {**r, "failed_at": to_datetime(r["failed_at"])}
-            for r in await tx.q("replay_sample", {"replay_id": replay_id, "limit": sample})
-        ]
-        await record(
-            tx,
-            actor,
-            "replay.preview",
-            replay_id=replay_id,
-            partner=actor.partner,
-            details={"total": total, "filter": criteria},
-            new_state="previewed",
-        )
-        status = await _replay_row(tx, replay_id)
-    return ReplayPreview(
-        replay_id=replay_id,
-        total=total,
-        expires_at=status["expires_at"],
-        filter=criteria,
-        breakdown=breakdown,
-        sample=samples,
-    )
-
-
-async def _replay_row(tx: Tx, replay_id: int) -> dict[str, Any]:
-    rows = await tx.q("replay_get", {"id": replay_id})
-    if not rows:
-        raise NotFound(f"no replay {replay_id}")
-    row = dict(rows[0])
-    for key in ("created_at", "expires_at", "confirmed_at", "runner_until", "finished_at"):
-        row[key] = to_datetime(row[key])
-    if isinstance(row["filter"], str):
-        row["filter"] = json.loads(row["filter"])
-    return row
-
-
-async def replay_status(db: Database, replay_id: int, *, actor: Actor) -> ReplayStatus:
-    _id(replay_id, "the replay id")
-    async with db.transaction() as tx:
-        row = await _replay_row(tx, replay_id)
-        if not actor.sees(row["partner"]):
-            raise NotFound(f"no replay {replay_id}")
-        counts = {
-            r["outcome"]: int(r["items"]) for r in await tx.q("replay_counts", {"id": replay_id})
-        }
-    return ReplayStatus(
-        id=int(row["id"]),
-        state=row["state"],
-        total=int(row["total"]),
-        counts=counts,
-        filter=row["filter"],
-        partner=row["partner"],
-        created_by=row["created_by"],
-        created_at=row["created_at"],
-        expires_at=row["expires_at"],
-        confirmed_by=row["confirmed_by"],
-        confirmed_at=row["confirmed_at"],
-        finished_at=row["finished_at"],
-        runner=row["runner"],
-        runner_lost=bool(row["runner_lost"]),
-    )
-
-
-async def replay_items(
-    db: Database,
-    replay_id: int,
-    *,
-    actor: Actor,
-    outcome: str | None = None,
-    after: int | None = None,
-    limit: int = 100,
-) -> Page[dict[str, Any]]:
-    """The per-item report of a bulk replay (``outcome`` "pending": not yet attempted)."""
-    await replay_status(db, replay_id, actor=actor)  # existence and scope
-    if outcome is not None and outcome not in (
-        "pending",
-        "published",
-        "already_applied",
-        "not_pending",
-        "truncated",
-    ):
-        raise InvalidRequest(f"unknown outcome {outcome!r}")
-    rows = await db.run(
-        "replay_items_list",
-        {
-            "id": replay_id,
-            "outcome": outcome,
-            "after": _id(after, "after (the cursor)", low=0),
-            "limit": _limit(limit),
-        },
-    )
-    items = [{**r, "done_at": to_datetime(r["done_at"])} for r in rows]
-    cursor = int(items[-1]["dead_letter_id"]) if len(items) == limit else None
-    return Page(items, cursor)
-
-
-async def start_replay(
-    db: Database, replay_id: int, *, actor: Actor, expected_total: int, runner: str
-) -> ReplayStatus:
-    """Confirm a previewed bulk replay (``expected_total`` must be the count the operator
-    saw) and take it for ``runner``; also resumes one whose runner stopped."""
-    _id(replay_id, "the replay id")
-    async with db.transaction() as tx:
-        row = await _replay_row(tx, replay_id)
-        if not actor.sees(row["partner"]):
-            raise NotFound(f"no replay {replay_id}")
-        if row["state"] == "done":
-            raise ReviewConflict(
-                f"replay {replay_id} already finished at {_when(row['finished_at'])}"
-            )
-        if row["state"] == "previewed" and row["expired"]:
-            raise ReviewConflict(
-                f"the preview of replay {replay_id} expired at {_when(row['expires_at'])}; "
-                "preview again to see what a replay would touch now"
-            )
-        if row["state"] == "running" and row["runner"] != runner and not row["runner_lost"]:
-            raise ReviewConflict(
-                f"replay {replay_id} is being run by {row['runner']} (until "
-                f"{_when(row['runner_until'])})"
-            )
-        if expected_total != int(row["total"]):
-            raise ReviewConflict(
-                f"replay {replay_id} covers {row['total']} letters but {expected_total} were "
-                "confirmed; look at its preview again and confirm its count"
-            )
-        claimed = await tx.q(
-            "replay_claim",
-            {
-                "id": replay_id,
-                "actor": actor.name,
-                "runner": runner,
-                "lease": RUNNER_LEASE.total_seconds(),
-            },
-        )
-        if not claimed:
-            raise ReviewConflict(f"replay {replay_id} could not be started; look at its status")
-        await record(
-            tx,
-            actor,
-            "replay.start" if row["state"] == "previewed" else "replay.resume",
-            replay_id=replay_id,
-            partner=row["partner"],
-            details={"total": int(row["total"]), "runner": runner},
-            old_state=row["state"],
-            new_state="running",
-        )
-    return await replay_status(db, replay_id, actor=actor)
-
-
-Progress = Callable[[int, int], None]
-
-
-async def execute_replay(
-    db: Database,
-    transport: Transport,
-    replay_id: int,
-    *,
-    actor: Actor,
-    runner: str,
-    rate: float | None = None,
-    batch_size: int = DEFAULT_BATCH,
-    on_progress: Progress | None = None,
-    reason: str | None = None,
-) -> ReplayStatus:
-    """Work through a started replay's snapshot: at most ``rate`` letters per second (None:
-    as fast as the database allows), ``on_progress(done, total)`` after each batch."""
-    if rate is not None and rate <= 0:
-        raise InvalidRequest("rate must be positive (letters per second), or None")
-    if batch_size < 1:
-        raise InvalidRequest("batch_size must be at least 1")
-    status = await replay_status(db, replay_id, actor=actor)
-    why = _reason(reason, required=False) or f"bulk replay {replay_id}"
-    step = batch_size if rate is None else max(1, min(batch_size, int(rate)))
-    if not shares_transaction(transport):
-        step = min(step, BROKER_BATCH)
-    done, total = status.done, status.total
-    if on_progress is not None:
-        on_progress(done, total)
-    started, sent = time.monotonic(), 0
-    while True:
-        todo = await db.run("replay_todo", {"id": replay_id, "limit": step})
-        if not todo:
-            break
-        ids = [int(r["id"]) for r in todo]
-        await _replay_ids(
-            db, transport, ids, actor=actor, reason=why, replay_id=replay_id, runner=runner
-        )
-        done, sent = done + len(ids), sent + len(ids)
-        if on_progress is not None:
-            on_progress(done, total)
-        if rate is not None:
-            ahead = started + sent / rate - time.monotonic()
-            if ahead > 0:
-                await asyncio.sleep(ahead)  # the rate limit
-    async with db.transaction() as tx:
-        if await tx.q("replay_finish", {"id": replay_id, "runner": runner}):
-            counts = {
-                r["outcome"]: int(r["items"])
-                for r in await tx.q("replay_counts", {"id": replay_id})
-            }
-            await record(
-                tx,
-                actor,
-                "replay.finish",
-                replay_id=replay_id,
-                partner=status.partner,
-                details={"counts": counts},
-                old_state="running",
-                new_state="done",
-            )
-    return await replay_status(db, replay_id, actor=actor)
-
-
-async def run_replay(
-    db: Database,
-    transport: Transport,
-    replay_id: int,
-    *,
-    actor: Actor,
-    expected_total: int,
-    rate: float | None = None,
-    batch_size: int = DEFAULT_BATCH,
-    on_progress: Progress | None = None,
-    runner: str | None = None,
-) -> ReplayStatus:
-    """Confirm and run a previewed bulk replay to the end (what the CLI does)."""
-
-    who = runner or default_holder()
-    await start_replay(db, replay_id, actor=actor, expected_total=expected_total, runner=who)
-    return await execute_replay(
-        db,
-        transport,
-        replay_id,
-        actor=actor,
-        runner=who,
-        rate=rate,
-        batch_size=batch_size,
-        on_progress=on_progress,
-    )
+    return bool(publish) and in_tx

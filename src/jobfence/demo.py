@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from . import deadletters
 from .app import App
 from .db import Tx
 from .errors import Category, TemporaryError
@@ -219,7 +220,7 @@ async def run_demo(
             effects, total, distinct_effects = int(row[0]), int(row[1]), int(row[2])
             letters = [
                 dl
-                for dl in await app.store.list_dead_letters(status=None, queue=QUEUE, limit=1000)
+                for dl in await deadletters.letters(app.db, queue=QUEUE, limit=1000)
                 if dl.job_id.startswith(run_id)
             ]
     finally:

@@ -29,15 +29,15 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from . import fence
+from . import fence, letters
 from .codec import Decoder
 from .db import BatchLost, Database, SyncTx, Tx, current_tx
 from .errors import Category, PoisonPayload, Retry, classify, describe, error_code
 from .fence import FenceOutcome
 from .jobs import Delivery, Job
+from .letters import DEFAULT_PAYLOAD_LIMIT
 from .observers import Observers
 from .retry import Decision, RetryPolicy
-from .store import DEFAULT_PAYLOAD_LIMIT, Store
 from .transports import Transport
 
 log = logging.getLogger("jobfence.harness")
@@ -88,7 +88,6 @@ class Harness:
     ) -> None:
         self.consumers = consumers
         self.db = db
-        self.store = Store(db)
         self.transport = transport
         self.observers = observers
         self.fence_ttl = fence_ttl
@@ -322,7 +321,8 @@ class Harness:
                 )
             )
             return Outcome.RETRY
-        letter_id, created = await self.store.write_dead_letter(
+        letter_id, created = await letters.write(
+            self.db,
             delivery,
             consumer.name,
             category,
@@ -406,7 +406,8 @@ class Harness:
     ) -> Outcome:
         shares = self.transport.shares_database
         try:
-            letter_id, created = await self.store.write_dead_letter(
+            letter_id, created = await letters.write(
+                self.db,
                 delivery,
                 consumer,
                 category,

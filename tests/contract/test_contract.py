@@ -14,9 +14,10 @@ from typing import Any
 
 import pydantic
 
-from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx
+from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx, deadletters
 from jobfence.harness import Outcome
 from jobfence.jobs import AttemptRecord
+from jobfence.letters import get_letter
 
 from ..helpers import RunningWorker, eventually, scalar, table
 from .support import (
@@ -117,7 +118,7 @@ async def test_a_worker_killed_with_sigkill_loses_no_job(target: Target, tmp_pat
     assert await effects(target.database_url) == [("kill-1", 2)]
     assert await fences(target) == 1
     async with app:
-        assert await app.store.list_dead_letters() == []
+        assert await deadletters.letters(app.db) == []
 
 
 async def test_a_delayed_retry_runs_after_its_delay(target: Target) -> None:
@@ -172,8 +173,8 @@ async def test_a_poison_payload_goes_to_dead_letters_without_retries(target: Tar
                           correlation_id="req-9")  # fmt: skip
         async with RunningWorker(app) as w:
             await eventually(lambda: w.stats.handled == 1, what="poison handled")
-        letters = await app.store.list_dead_letters()
-        letter = await app.store.get_dead_letter(letters[0].id)
+        letters = await deadletters.letters(app.db)
+        letter = await get_letter(app.db, letters[0].id)
     assert called == []
     assert letter is not None
     assert (letter.job_id, letter.attempts, letter.error_category, letter.error_code) == (
@@ -203,8 +204,8 @@ async def test_exhausted_retries_end_in_one_dead_letter_with_the_history(
         await app.enqueue(target.queue, {"po": 7}, job_id="po-7")
         async with RunningWorker(app, concurrency=2, poll_interval=0.5) as w:
             await eventually(lambda: w.stats.handled == 6, timeout=60, what="six attempts")
-        letters = await app.store.list_dead_letters()
-        letter = await app.store.get_dead_letter(letters[0].id)
+        letters = await deadletters.letters(app.db)
+        letter = await get_letter(app.db, letters[0].id)
     assert attempts == [1, 2, 3, 4, 5, 6]
     assert len(letters) == 1
     assert letter is not None

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jobfence import App, Job, ReviewConflict, Tx
+from jobfence import App, Job, ReviewConflict, Tx, replays
 from jobfence import deadletters as dl
 from jobfence.maintenance import Maintenance
 from jobfence.transports.database import DatabaseQueue
@@ -60,12 +60,12 @@ async def test_bulk_replay_of_10000_letters_some_applied_meanwhile_gives_one_eff
             await eventually(lambda: w.stats.handled == 500, timeout=180, what="500 applied")
         await app.enqueue_many(again[500:])  # these are processed while the replay runs
 
-        preview = await dl.preview_replay(app.db, dl.Filter(queue="credits"), actor=OPS)
+        preview = await replays.preview_replay(app.db, dl.Filter(queue="credits"), actor=OPS)
         assert preview.total == n
         assert preview.already_applied == 500
         seen: list[tuple[int, int]] = []
         async with RunningWorker(app, concurrency=8) as w:
-            status = await dl.run_replay(
+            status = await replays.run_replay(
                 app.db,
                 app.transport,
                 preview.replay_id,
@@ -74,12 +74,14 @@ async def test_bulk_replay_of_10000_letters_some_applied_meanwhile_gives_one_eff
                 on_progress=lambda done, total: seen.append((done, total)),
             )
             await eventually(lambda: drained(url), timeout=240, what="queue drained")
-            again_preview = await dl.preview_replay(app.db, dl.Filter(queue="credits"), actor=OPS)
+            again_preview = await replays.preview_replay(
+                app.db, dl.Filter(queue="credits"), actor=OPS
+            )
             with pytest.raises(ReviewConflict, match="already finished"):
-                await dl.run_replay(
+                await replays.run_replay(
                     app.db, app.transport, preview.replay_id, actor=OPS, expected_total=n
                 )
-            rerun = await dl.execute_replay(
+            rerun = await replays.execute_replay(
                 app.db, app.transport, preview.replay_id, actor=OPS, runner="someone"
             )
     assert status.state == "done"
@@ -117,13 +119,13 @@ async def test_a_bulk_replay_works_on_its_fixed_snapshot(database_url: str) -> N
     old = await seed_letters(database_url, [letter_params(d, f"o-{i}") for i in range(5)])
     app = App(database_url, auto_migrate=True)
     async with app:
-        preview = await dl.preview_replay(app.db, dl.Filter(queue="points.credit"), actor=OPS)
+        preview = await replays.preview_replay(app.db, dl.Filter(queue="points.credit"), actor=OPS)
         late = await seed_letters(database_url, [letter_params(d, f"l-{i}") for i in range(3)])
         await dl.discard(app.db, old[2], actor=dl.Actor("dora"), reason="cancelled order")
-        status = await dl.run_replay(
+        status = await replays.run_replay(
             app.db, app.transport, preview.replay_id, actor=OPS, expected_total=5
         )
-        items = await dl.replay_items(app.db, preview.replay_id, actor=OPS)
+        items = await replays.replay_items(app.db, preview.replay_id, actor=OPS)
     assert [s["id"] for s in preview.sample] == old
     assert status.counts == {"published": 4, "not_pending": 1}
     assert [(i["dead_letter_id"], i["outcome"], i["detail"]) for i in items.items] == [
@@ -153,35 +155,39 @@ async def test_a_bulk_replay_needs_a_filter_and_the_confirmed_count(database_url
     app = App(database_url, auto_migrate=True)
     async with app:
         with pytest.raises(dl.InvalidRequest, match="say which letters"):
-            await dl.preview_replay(app.db, dl.Filter(), actor=OPS)
-        preview = await dl.preview_replay(app.db, dl.Filter(), actor=OPS, all_pending=True)
+            await replays.preview_replay(app.db, dl.Filter(), actor=OPS)
+        preview = await replays.preview_replay(app.db, dl.Filter(), actor=OPS, all_pending=True)
         with pytest.raises(ReviewConflict, match="covers 3 letters but 2 were confirmed"):
-            await dl.start_replay(
+            await replays.start_replay(
                 app.db, preview.replay_id, actor=OPS, expected_total=2, runner="r1"
             )
-        stale = await dl.preview_replay(
+        stale = await replays.preview_replay(
             app.db,
             dl.Filter(queue="points.credit"),
             actor=OPS,
             expires_in=timedelta(seconds=-1),
         )
         with pytest.raises(ReviewConflict, match="expired"):
-            await dl.start_replay(app.db, stale.replay_id, actor=OPS, expected_total=3, runner="r1")
-        await dl.start_replay(app.db, preview.replay_id, actor=OPS, expected_total=3, runner="r1")
+            await replays.start_replay(
+                app.db, stale.replay_id, actor=OPS, expected_total=3, runner="r1"
+            )
+        await replays.start_replay(
+            app.db, preview.replay_id, actor=OPS, expected_total=3, runner="r1"
+        )
         with pytest.raises(ReviewConflict, match="is being run by r1"):
-            await dl.start_replay(
+            await replays.start_replay(
                 app.db, preview.replay_id, actor=OPS, expected_total=3, runner="r2"
             )
         assert await jobs_in_queue(database_url) == 0
-        done = await dl.execute_replay(
+        done = await replays.execute_replay(
             app.db, app.transport, preview.replay_id, actor=OPS, runner="r1"
         )
         with pytest.raises(ReviewConflict, match="already finished"):
-            await dl.start_replay(
+            await replays.start_replay(
                 app.db, preview.replay_id, actor=OPS, expected_total=3, runner="r1"
             )
         with pytest.raises(dl.NotFound):
-            await dl.replay_status(app.db, preview.replay_id, actor=dl.Actor("x", partner="p"))
+            await replays.replay_status(app.db, preview.replay_id, actor=dl.Actor("x", partner="p"))
     assert done.counts == {"published": 3}
     assert preview.filter == {"all_pending": True}
     assert await jobs_in_queue(database_url) == 3
@@ -195,11 +201,11 @@ async def test_a_bulk_replay_is_rate_limited_and_reports_progress(database_url: 
     app = App(database_url, auto_migrate=True)
     seen: list[tuple[int, int]] = []
     async with app:
-        preview = await dl.preview_replay(
+        preview = await replays.preview_replay(
             app.db, dl.Filter(job_id=None, queue="points.credit"), actor=OPS
         )
         started = time.monotonic()
-        status = await dl.run_replay(
+        status = await replays.run_replay(
             app.db,
             app.transport,
             preview.replay_id,
@@ -229,10 +235,12 @@ async def test_a_stopped_bulk_replay_resumes_without_redoing_anything(database_u
             raise Crash
 
     async with app:
-        preview = await dl.preview_replay(app.db, dl.Filter(queue="points.credit"), actor=OPS)
-        await dl.start_replay(app.db, preview.replay_id, actor=OPS, expected_total=25, runner="r")
+        preview = await replays.preview_replay(app.db, dl.Filter(queue="points.credit"), actor=OPS)
+        await replays.start_replay(
+            app.db, preview.replay_id, actor=OPS, expected_total=25, runner="r"
+        )
         with pytest.raises(Crash):
-            await dl.execute_replay(
+            await replays.execute_replay(
                 app.db,
                 app.transport,
                 preview.replay_id,
@@ -241,9 +249,11 @@ async def test_a_stopped_bulk_replay_resumes_without_redoing_anything(database_u
                 batch_size=10,
                 on_progress=die_after_first_batch,
             )
-        middle = await dl.replay_status(app.db, preview.replay_id, actor=OPS)
-        await dl.start_replay(app.db, preview.replay_id, actor=OPS, expected_total=25, runner="r")
-        final = await dl.execute_replay(
+        middle = await replays.replay_status(app.db, preview.replay_id, actor=OPS)
+        await replays.start_replay(
+            app.db, preview.replay_id, actor=OPS, expected_total=25, runner="r"
+        )
+        final = await replays.execute_replay(
             app.db, app.transport, preview.replay_id, actor=OPS, runner="r", batch_size=10
         )
     assert (middle.state, middle.counts) == ("running", {"published": 10, "pending": 15})

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobfence import App, Job, NonRetryableError, RetryPolicy, Tx, outbox
+from jobfence import App, Job, NonRetryableError, RetryPolicy, Tx, outbox, replays
 from jobfence import deadletters as dl
 from jobfence.alerts import AlertDispatcher
 from jobfence.cleanup import cleanup_fences
@@ -69,8 +69,10 @@ async def test_every_audit_row_records_the_transition_it_made(database_url: str)
         )
         await dl.discard(app.db, discarded, actor=ALICE, reason="duplicate of t-9")
         await dl.replay(app.db, app.transport, replayed, actor=ALICE, reason="ERP back")
-        preview = await dl.preview_replay(app.db, dl.Filter(ids=(bulk,)), actor=ALICE)
-        await dl.run_replay(app.db, app.transport, preview.replay_id, actor=ALICE, expected_total=1)
+        preview = await replays.preview_replay(app.db, dl.Filter(ids=(bulk,)), actor=ALICE)
+        await replays.run_replay(
+            app.db, app.transport, preview.replay_id, actor=ALICE, expected_total=1
+        )
         await outbox.redrive(app.db, actor="alice", reason="broker back", event_ids=["evt-failed"])
         page = await dl.audit(app.db, actor=ALICE)
     replay = preview.replay_id
@@ -196,8 +198,8 @@ async def test_the_documented_application_role_works_and_cannot_erase_evidence(
         await dl.discard(app.db, letters[0], actor=ALICE, reason="member closed the account")
         assert isinstance(app.transport, DatabaseQueue)
         await dl.replay(app.db, app.transport, letters[1], actor=ALICE, reason="unblocked")
-        preview = await dl.preview_replay(app.db, dl.Filter(ids=(letters[2],)), actor=ALICE)
-        done = await dl.run_replay(
+        preview = await replays.preview_replay(app.db, dl.Filter(ids=(letters[2],)), actor=ALICE)
+        done = await replays.run_replay(
             app.db, app.transport, preview.replay_id, actor=ALICE, expected_total=1
         )
         async with app.db.transaction() as tx:

@@ -198,7 +198,7 @@ async def test_replaying_a_dead_letter_with_the_same_job_id_produces_no_second_e
         await app.enqueue("points.credit", {"member_id": "m2", "points": 7}, job_id="credit-2")
         async with RunningWorker(app, concurrency=2) as w:
             await eventually(lambda: w.stats.outcomes[Outcome.DEAD] == 2, what="2 dead letters")
-        letters = {x.job_id: x.id for x in await app.store.list_dead_letters()}
+        letters = {x.job_id: x.id for x in await dl.letters(app.db)}
         broken["on"] = False
         # another delivery of credit-1 arrives and is applied
         await app.enqueue("points.credit", {"member_id": "m1", "points": 5}, job_id="credit-1")
@@ -236,13 +236,13 @@ async def test_a_replayed_job_that_fails_again_is_a_new_pending_letter_linked_to
         await app.enqueue("erp.send", {"po": 1}, job_id="po-1", correlation_id="req-1")
         async with RunningWorker(app) as w:
             await eventually(lambda: w.stats.outcomes[Outcome.DEAD] == 1, what="first letter")
-            [first] = await app.store.list_dead_letters(status="pending_review")
+            [first] = await dl.letters(app.db, status="pending_review")
             await dl.replay(app.db, app.transport, first.id, actor=ALICE)
             await eventually(lambda: w.stats.outcomes[Outcome.DEAD] == 2, what="second letter")
-            [second] = await app.store.list_dead_letters(status="pending_review")
+            [second] = await dl.letters(app.db, status="pending_review")
             await dl.replay(app.db, app.transport, second.id, actor=BOB)
             await eventually(lambda: w.stats.outcomes[Outcome.DEAD] == 3, what="third letter")
-        [third] = await app.store.list_dead_letters(status="pending_review")
+        [third] = await dl.letters(app.db, status="pending_review")
         view = await dl.show(app.db, first.id, actor=ALICE)
         view2 = await dl.show(app.db, second.id, actor=ALICE)
     assert (second.previous_id, second.job_id, second.correlation_id) == (first.id, "po-1", "req-1")

@@ -6,8 +6,9 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from jobfence import Job, RetryPolicy, Tx
+from jobfence import Job, RetryPolicy, Tx, deadletters
 from jobfence.jobs import Delivery
+from jobfence.letters import get_letter
 from jobfence.transports.nats import NatsTransport
 
 from ..contract.support import Target, effects, remaining, with_option
@@ -74,9 +75,9 @@ async def test_a_message_past_max_deliver_ends_in_dead_letters(nats: Target) -> 
             await eventually(fetched, what=f"delivery {expected}")
         assert [d.attempt for d in seen] == [1, 2]
         async with RunningWorker(app, poll_interval=0.2) as w:
-            letters = await eventually(app.store.list_dead_letters, what="dead letter")
+            letters = await eventually(lambda: deadletters.letters(app.db), what="dead letter")
             await eventually(lambda: w.stats.handled == 1, what="handled")
-        letter = await app.store.get_dead_letter(letters[0].id)
+        letter = await get_letter(app.db, letters[0].id)
     assert called == []
     assert letter is not None
     assert (letter.job_id, letter.attempts, letter.error_code) == (

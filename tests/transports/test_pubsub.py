@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx
+from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx, deadletters
 from jobfence.errors import ConfigurationError
 from jobfence.harness import Outcome
 from jobfence.jobs import AttemptRecord, Delivery
+from jobfence.letters import get_letter
 from jobfence.transports._broker import Meta
 from jobfence.transports.pubsub import (
     ATTRIBUTE_BYTES,
@@ -308,7 +309,7 @@ async def test_jobfence_decides_retries_even_at_the_seeds_minimum_of_5_deliverie
         await app.enqueue(pubsub.queue, {"request_id": "r-1"}, job_id="po-1")
         async with RunningWorker(app, concurrency=2, poll_interval=0.5) as w:
             await eventually(lambda: w.stats.handled == 6, timeout=60, what="six attempts")
-            letters = await app.store.list_dead_letters()
+            letters = await deadletters.letters(app.db)
         on_dlq = await eventually(operators.read, what="the DLQ message")
         assert await operators.read() == []
     assert attempts == [1, 2, 3, 4, 5, 6]
@@ -346,9 +347,11 @@ async def test_lost_deliveries_end_in_jobfence_before_pubsubs_limit(pubsub: Targ
         await app.enqueue(pubsub.queue, {"n": 1}, job_id="lost-1")
         assert await lose_deliveries(transport, pubsub.queue, 2) == [1, 2]
         async with RunningWorker(app, poll_interval=0.5) as w:
-            letters = await eventually(app.store.list_dead_letters, timeout=60, what="letter")
+            letters = await eventually(
+                lambda: deadletters.letters(app.db), timeout=60, what="letter"
+            )
             await eventually(lambda: w.stats.handled == 1, what="handled")
-        letter = await app.store.get_dead_letter(letters[0].id)
+        letter = await get_letter(app.db, letters[0].id)
         on_dlq = await eventually(operators.read, what="the DLQ message")
     assert called == []
     assert letter is not None
@@ -387,11 +390,13 @@ async def test_a_message_pubsub_dead_letters_becomes_one_jobfence_dead_letter(
                           correlation_id="req-1")  # fmt: skip
         assert await lose_deliveries(transport, pubsub.queue, 5) == [1, 2, 3, 4, 5]
         async with RunningWorker(app, poll_interval=0.5) as w:
-            letters = await eventually(app.store.list_dead_letters, timeout=90, what="letter")
+            letters = await eventually(
+                lambda: deadletters.letters(app.db), timeout=90, what="letter"
+            )
             await eventually(lambda: w.stats.handled == 1, what="handled")
             on_dlq = await eventually(operators.read, what="Pub/Sub's DLQ message")
             await eventually(lambda: _drained(pubsub), what="the DLQ subscription acked")
-        letter = await app.store.get_dead_letter(letters[0].id)
+        letter = await get_letter(app.db, letters[0].id)
         assert await operators.read() == []
     assert called == []
     assert len(letters) == 1

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import deadletters as service
+from .. import replays
 from ..app import App
 from ..db import DATA_ERROR
 from ..errors import DatabaseUnavailable, InvalidRequest, NotFound, ReviewConflict
@@ -344,7 +345,7 @@ def create_app(
         """Dry run of a bulk replay: snapshot the matching pending letters; nothing is
         republished until the snapshot is confirmed and run."""
         flt = service.Filter(**body.filter.model_dump(exclude={"ids"}), ids=_ids(body.filter.ids))
-        found = await service.preview_replay(
+        found = await replays.preview_replay(
             database(), flt, actor=actor_of(who), all_pending=body.all_pending, sample=body.sample
         )
         confirm = str(request.url_for("run_replay", replay_id=found.replay_id).path)
@@ -366,13 +367,13 @@ def create_app(
         running = runs.get(replay_id)
         if running is not None and not running.done():
             raise ReviewConflict(f"replay {replay_id} is already running in this server")
-        status = await service.start_replay(
+        status = await replays.start_replay(
             database(), replay_id, actor=actor, expected_total=body.expected_total, runner=runner
         )
 
         async def work() -> None:
             try:
-                await service.execute_replay(
+                await replays.execute_replay(
                     database(), jf.transport, replay_id, actor=actor, runner=runner, rate=body.rate
                 )
             except Exception:
@@ -394,7 +395,7 @@ def create_app(
     async def replay_status(replay_id: int = replay_path, who: Principal = viewer) -> Any:
         """Progress of a bulk replay and its counts per outcome ("pending": not yet done)."""
         return models.Replay.of(
-            await service.replay_status(database(), replay_id, actor=actor_of(who))
+            await replays.replay_status(database(), replay_id, actor=actor_of(who))
         )
 
     @api.get(
@@ -413,7 +414,7 @@ def create_app(
         limit: int = Query(100, ge=1, le=service.MAX_PAGE),
     ) -> Any:
         """The per-item report of a bulk replay, by letter id."""
-        page = await service.replay_items(
+        page = await replays.replay_items(
             database(), replay_id, actor=actor_of(who), outcome=outcome, after=after, limit=limit
         )
         return {"items": page.items, "next_cursor": page.next_cursor}

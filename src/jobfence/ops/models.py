@@ -13,11 +13,10 @@ from ..deadletters import (
     MAX_REASON,
     AuditEntry,
     LetterView,
-    ReplayPreview,
-    ReplayStatus,
 )
-from ..deadletters import payload_view as _payload_view
-from ..store import DeadLetter
+from ..letters import DeadLetter
+from ..letters import payload_view as _payload_view
+from ..replays import ReplayPreview, ReplayStatus
 
 #: A letter or replay id: what the stores hold (bigint / INTEGER), so 422, never an overflow.
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]

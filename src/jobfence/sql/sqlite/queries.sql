@@ -127,17 +127,6 @@ VALUES (
 ON CONFLICT DO NOTHING
 RETURNING id
 
--- name: list_dead_letters
-SELECT id, queue, consumer, job_id, correlation_id, payload_size, payload_truncated,
-       attempts, error_category, error_code, last_error, status, enqueued_at, failed_at,
-       partner, previous_id, reviewed_at, reviewed_by, review_reason
-FROM core_dead_letters
-WHERE (:status IS NULL OR status = :status)
-  AND (:queue IS NULL OR queue = :queue)
-  AND (:category IS NULL OR error_category = :category)
-ORDER BY failed_at DESC, id DESC
-LIMIT :limit
-
 -- name: get_dead_letter
 SELECT id, queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
        attempts, error_category, error_code, last_error, history, status, enqueued_at,
