@@ -36,6 +36,7 @@ from rich.table import Table
 from jobfence import App, outbox
 from jobfence.config import parse_database_url
 from jobfence.db import connect
+from jobfence.relay import Relay, RelayObserver
 from jobfence.store import Store
 
 ADMIN = os.environ.get("JOBFENCE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -77,7 +78,7 @@ async def bench_direct(url: str, n: int) -> float:
     return n / elapsed
 
 
-class Countdown(outbox.RelayObserver):
+class Countdown(RelayObserver):
     """Sets ``finished`` once ``n`` events went out (published, about to be marked)."""
 
     def __init__(self, n: int) -> None:
@@ -99,8 +100,7 @@ async def bench_relay(url: str, n: int, relays: int) -> float:
                     await outbox.write(tx, "bench", {"n": i})
         done = Countdown(n)
         running = [
-            outbox.Relay(app, batch_size=500, poll_interval=0.05, observers=[done])
-            for _ in range(relays)
+            Relay(app, batch_size=500, poll_interval=0.05, observers=[done]) for _ in range(relays)
         ]
         started = time.perf_counter()
         for relay in running:

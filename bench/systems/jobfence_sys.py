@@ -211,13 +211,14 @@ async def outbox_relay(url: str, n: int, batch: int) -> None:
     database queue; timed from the relay's start to the last event marked published;
     verifies ``n`` jobs in the queue."""
     from jobfence import outbox
+    from jobfence.relay import Relay
 
     app = make_app(url)
     async with app:
         async with app.db.transaction() as tx:
             for i in range(n):
                 await outbox.write(tx, QUEUE, {"n": i}, event_id=f"event-{i}")
-        relay = outbox.Relay(app, batch_size=batch)
+        relay = Relay(app, batch_size=batch)
         t0 = time.perf_counter()
         relay.start()
         while (await outbox.counts(app.db))[outbox.PUBLISHED] < n:  # noqa: ASYNC110

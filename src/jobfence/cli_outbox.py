@@ -19,6 +19,7 @@ from rich.table import Table
 from . import outbox
 from .cli import console, database_option, load_app, main_group, run, transport_option
 from .errors import ReviewConflict
+from .relay import Relay
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -102,7 +103,7 @@ def relay(
         app.use_database(database_url)
     if transport:
         app.use_transport(transport)
-    the_relay = outbox.Relay(
+    the_relay = Relay(
         app,
         batch_size=batch_size,
         poll_interval=poll_interval.total_seconds() if poll_interval else None,

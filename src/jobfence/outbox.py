@@ -11,13 +11,14 @@ duplicate (O3). States, enforced by CHECK constraints::
       │  └── failure with attempts left: wait (backoff), try again
       └── failure on the 5th attempt ──► PUBLISH_FAILED_RETRY ──operator re-drive──► PENDING
 
-A relay *claims* a batch (a lease, ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so several
-relays share the work), publishes it, then marks it published. A relay killed between the
-publish and the mark leaves its claim to expire; another relay publishes the events again
-and the fence absorbs the duplicate. Events with the same ordering ``key`` are published one
-after the other, in the order they were written: the next event of a key is not claimed
-before the previous one is published (a key whose head event is ``PUBLISH_FAILED_RETRY``
-waits for its re-drive, like a paused Pub/Sub ordering key).
+The relay is :mod:`jobfence.relay`. A relay *claims* a batch (a lease, ``FOR UPDATE SKIP
+LOCKED`` on PostgreSQL, so several relays share the work), publishes it, then marks it
+published. A relay killed between the publish and the mark leaves its claim to expire;
+another relay publishes the events again and the fence absorbs the duplicate. Events with
+the same ordering ``key`` are published one after the other, in the order they were written:
+the next event of a key is not claimed before the previous one is published (a key whose
+head event is ``PUBLISH_FAILED_RETRY`` waits for its re-drive, like a paused Pub/Sub
+ordering key).
 
 Relays wake on PostgreSQL ``LISTEN/NOTIFY`` (an insert trigger notifies at commit) and poll
 as a fallback (SQLite always polls).
@@ -25,38 +26,24 @@ as a fallback (SQLite always polls).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-import signal
-import time
-import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from prometheus_client import Counter
-
-from .db import Database, Tx, to_datetime
+from .db import Database, to_datetime
 from .db.adopt import SyncConnection, adopt
 from .errors import (
-    Category,
     ConfigurationError,
     EnqueueError,
     InvalidRequest,
-    classify,
-    describe,
-    error_code,
 )
-from .retry import RetryPolicy
-from .store import OutgoingJob
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-    from .app import App
 
 log = logging.getLogger("jobfence.outbox")
 
@@ -65,36 +52,9 @@ PUBLISHED = "PUBLISHED"
 PUBLISH_FAILED_RETRY = "PUBLISH_FAILED_RETRY"
 STATES = (PENDING, PUBLISHED, PUBLISH_FAILED_RETRY)
 
-CHANNEL = "jobfence_outbox"
 MAX_KEY_LENGTH = 255
 
-#: Seed 004 §10.3: the outbox publisher makes 5 attempts, then PUBLISH_FAILED_RETRY.
-DEFAULT_PUBLISH_POLICY = RetryPolicy(
-    max_retries=4,
-    base=timedelta(seconds=1),
-    cap=timedelta(seconds=30),
-    justification=(
-        "outbox publishing (seed 004 §10.3): 5 attempts per event, 1 s doubling to 30 s, then "
-        "PUBLISH_FAILED_RETRY for an operator; a broker outage is visible within a minute"
-    ),
-)
 DEFAULT_RETENTION = timedelta(days=7)
-DEFAULT_LEASE = timedelta(seconds=30)
-DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=10)
-
-PUBLISHED_EVENTS = Counter(
-    "jobfence_outbox_published", "Outbox events published to their queue.", ["queue"]
-)
-PUBLISH_FAILURES = Counter(
-    "jobfence_outbox_publish_failures",
-    "Failed attempts to publish an outbox event.",
-    ["queue", "category"],
-)
-GAVE_UP = Counter(
-    "jobfence_outbox_publish_failed_retry",
-    "Outbox events that used up their attempts (state PUBLISH_FAILED_RETRY).",
-    ["queue"],
-)
 
 
 # -- writing, in the caller's transaction ------------------------------------------------------
@@ -175,23 +135,6 @@ def write_sync(
 
 
 # -- reading and operating --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OutboxEvent:
-    """An event as a relay publishes it."""
-
-    id: int
-    event_id: str
-    queue: str
-    ordering_key: str | None
-    correlation_id: str | None
-    payload: bytes
-    attempts: int
-    claim: Any = None
-
-    def job(self) -> OutgoingJob:
-        return OutgoingJob(self.queue, self.event_id, self.payload, self.correlation_id)
 
 
 @dataclass(frozen=True)
@@ -402,347 +345,6 @@ async def cleanup(db: Database, retention: timedelta = DEFAULT_RETENTION, batch:
         total += len(rows)
         if len(rows) < batch:
             return total
-
-
-# -- the relay -------------------------------------------------------------------------------
-
-
-class RelayObserver:
-    """Hooks of a relay; no-ops by default. A hook that raises is logged and ignored."""
-
-    async def published(self, events: Sequence[OutboxEvent]) -> None:
-        """The transport accepted ``events``; they are not marked published yet (a crash now
-        means they are published again, and the consumer's fence absorbs it)."""
-
-    def publish_failed(self, event: OutboxEvent, error: str, gave_up: bool) -> None:
-        """One attempt failed; ``gave_up`` when the event is now PUBLISH_FAILED_RETRY."""
-
-
-OnPublished = Callable[[Tx, Sequence[OutboxEvent]], Awaitable[None]]
-
-
-@dataclass
-class RelayStats:
-    published: int = 0
-    failed_attempts: int = 0
-    gave_up: int = 0
-    rounds: int = 0
-    cleaned: int = 0
-
-
-class Relay:
-    """Publishes outbox events from ``app``'s database to ``app.transport``.
-
-    Run it on its own (``jobfence relay``) or inside a worker's process
-    (``relay.start()`` … ``await relay.stop()``); run as many as you like.
-
-    ``on_published(tx, events)`` runs in the transaction that marks events published (e.g. to
-    move a domain row to PUBLISHED); if it raises, the mark rolls back and the events are
-    published again after their claim expires.
-    """
-
-    def __init__(
-        self,
-        app: App,
-        *,
-        batch_size: int = 100,
-        poll_interval: float | None = None,
-        lease: timedelta = DEFAULT_LEASE,
-        policy: RetryPolicy = DEFAULT_PUBLISH_POLICY,
-        publish_timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT,
-        retention: timedelta = DEFAULT_RETENTION,
-        cleanup_interval: timedelta = timedelta(minutes=1),
-        on_published: OnPublished | None = None,
-        observers: Sequence[RelayObserver] = (),
-        relay_id: str | None = None,
-    ) -> None:
-        if batch_size < 1:
-            raise ConfigurationError("the relay's batch_size must be at least 1")
-        if lease <= publish_timeout:
-            raise ConfigurationError(
-                f"the relay's claim lease ({lease}) must be longer than its publish timeout "
-                f"({publish_timeout}), or a slow publish would be claimed twice"
-            )
-        if retention <= timedelta(0):
-            raise ConfigurationError("the outbox retention must be a positive duration")
-        self.app = app
-        self.batch_size = batch_size
-        self._poll_interval = poll_interval
-        self.lease = lease
-        self.policy = policy
-        self.publish_timeout = publish_timeout
-        self.retention = retention
-        self.cleanup_interval = cleanup_interval
-        self.on_published = on_published
-        self.observers = list(observers)
-        self.relay_id = relay_id or f"relay:{uuid.uuid4().hex[:10]}"
-        self.stats = RelayStats()
-        self._stop = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[RelayStats] | None = None
-
-    @property
-    def poll_interval(self) -> float:
-        if self._poll_interval is not None:
-            return self._poll_interval
-        # PostgreSQL relays are woken by NOTIFY; polling is only the fallback
-        return 5.0 if self.app.url.dialect == "postgresql" else 0.2
-
-    @property
-    def db(self) -> Database:
-        return self.app.db
-
-    def wake(self) -> None:
-        """Look for events now (events were written in this process)."""
-        self._wake.set()
-
-    def request_stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-
-    def start(self) -> asyncio.Task[RelayStats]:
-        """Run in the background of the current event loop (e.g. next to a worker)."""
-        if self._task is None or self._task.done():
-            self._stop.clear()
-            self._task = asyncio.create_task(self.run(), name=f"jobfence-{self.relay_id}")
-        return self._task
-
-    async def stop(self) -> RelayStats:
-        """Stop a relay started with :meth:`start` after its current round."""
-        self.request_stop()
-        if self._task is not None:
-            await self._task
-        return self.stats
-
-    async def run(self, *, install_signal_handlers: bool = False) -> RelayStats:
-        """Publish until :meth:`request_stop` (or SIGTERM/SIGINT with signal handlers)."""
-        await self.app.open()
-        loop = asyncio.get_running_loop()
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
-        listener = None
-        if self.db.dialect == "postgresql":
-            listener = asyncio.create_task(self._listen(), name="jobfence-outbox-listen")
-        log.info(
-            "relay started",
-            extra={
-                "relay": self.relay_id,
-                "database": self.db.display,
-                "transport": self.app.transport.name,
-            },
-        )
-        next_cleanup = 0.0
-        try:
-            while not self._stop.is_set():
-                self._wake.clear()
-                try:
-                    claimed = await self.run_once()
-                    if time.monotonic() >= next_cleanup:
-                        self.stats.cleaned += await cleanup(self.db, self.retention)
-                        next_cleanup = time.monotonic() + self.cleanup_interval.total_seconds()
-                except Exception:
-                    log.exception("relay round failed; retrying shortly")
-                    await self._sleep(1.0)
-                    continue
-                if claimed:
-                    # progress: more may be ready (a full batch, or the next event of a key
-                    # whose head just went out)
-                    continue
-                await self._sleep(await self.idle_wait())
-        finally:
-            if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await listener
-            if install_signal_handlers:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
-            log.info(
-                "relay stopped", extra={"relay": self.relay_id, "published": self.stats.published}
-            )
-        return self.stats
-
-    async def _listen(self) -> None:
-        async for _ in self.db.wakeups(CHANNEL):
-            self._wake.set()
-
-    async def idle_wait(self) -> float:
-        """Seconds an idle relay sleeps (unless NOTIFY wakes it): until a retry falls due or
-        another relay's claim runs out, at most the polling interval. Events waiting behind
-        their key's head add nothing, so a blocked key never makes a relay spin."""
-        wait = self.poll_interval
-        try:
-            rows = await self.db.run("outbox_next_attempt")
-        except Exception:
-            return wait
-        if rows and rows[0]["wait"] is not None:
-            wait = max(0.0, min(wait, float(rows[0]["wait"])))
-        return wait
-
-    async def _sleep(self, seconds: float) -> None:
-        if seconds <= 0 or self._stop.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
-
-    async def run_once(self) -> int:
-        """One round: claim a batch, publish it, mark it. Returns the number claimed."""
-        rows = await self.db.run(
-            "outbox_claim",
-            {
-                "limit": self.batch_size,
-                "lease": self.lease.total_seconds(),
-                "relay_id": self.relay_id,
-            },
-        )
-        self.stats.rounds += 1
-        if not rows:
-            return 0
-        events = [
-            OutboxEvent(
-                id=int(row["id"]),
-                event_id=row["event_id"],
-                queue=row["queue"],
-                ordering_key=row["ordering_key"],
-                correlation_id=row["correlation_id"],
-                payload=bytes(row["payload"]),
-                attempts=int(row["attempts"]),
-                claim=row["claim_token"],
-            )
-            for row in rows
-        ]
-        # First attempts go as one batch; retried events go one by one, so that one event a
-        # transport refuses cannot keep failing the others.
-        fresh = [e for e in events if e.attempts == 1]
-        groups = ([fresh] if fresh else []) + [[e] for e in events if e.attempts > 1]
-        for group in groups:
-            await self._publish(group)
-        return len(events)
-
-    async def _publish(self, group: list[OutboxEvent]) -> None:
-        try:
-            await asyncio.wait_for(
-                self.app.transport.publish([e.job() for e in group]),
-                timeout=self.publish_timeout.total_seconds(),
-            )
-        except Exception as exc:
-            await self._failed(group, exc)
-            return
-        for observer in self.observers:
-            try:
-                await observer.published(group)
-            except Exception:
-                log.exception("relay observer %s failed", type(observer).__name__)
-        try:
-            await self._mark(group)
-        except Exception:
-            # published but not marked: the claim expires and the events go out again;
-            # the consumer's fence absorbs the duplicate
-            log.exception(
-                "could not mark published events; they will be published again",
-                extra={"events": [e.event_id for e in group]},
-            )
-            return
-        for event in group:
-            PUBLISHED_EVENTS.labels(event.queue).inc()
-        self.stats.published += len(group)
-
-    async def _mark(self, group: list[OutboxEvent]) -> None:
-        ids = self.db.array([e.id for e in group])
-        async with self.db.transaction() as tx:
-            rows = await tx.q("outbox_mark_published", {"ids": ids})
-            if self.on_published is not None and rows:
-                marked = {int(row["id"]) for row in rows}
-                await self.on_published(tx, [e for e in group if e.id in marked])
-
-    async def _failed(self, group: list[OutboxEvent], exc: BaseException) -> None:
-        if isinstance(exc, TimeoutError):
-            exc = TimeoutError(
-                f"the transport did not accept the event within "
-                f"{self.publish_timeout.total_seconds():g}s"
-            )
-        category = classify(exc)
-        error = describe(exc)
-        code = error_code(exc)
-        for event in group:
-            delay = self.policy.delay(max(event.attempts, 1)).total_seconds()
-            gave_up = False
-            try:
-                async with self.db.transaction() as tx:
-                    rows = await tx.q(
-                        "outbox_mark_failed",
-                        {
-                            "id": event.id,
-                            "token": event.claim,
-                            "max_attempts": self.policy.max_attempts,
-                            "delay": delay,
-                            "category": category.value,
-                            "error": error,
-                        },
-                    )
-                    gave_up = bool(rows) and rows[0]["state"] == PUBLISH_FAILED_RETRY
-                    if gave_up:
-                        await self._alert(tx, event, category, code, error)
-            except Exception:
-                log.exception(
-                    "could not record a failed publish; the claim will expire",
-                    extra={"event_id": event.event_id},
-                )
-                continue
-            self.stats.failed_attempts += 1
-            PUBLISH_FAILURES.labels(event.queue, category.value).inc()
-            if gave_up:
-                self.stats.gave_up += 1
-                GAVE_UP.labels(event.queue).inc()
-            level = logging.ERROR if gave_up else logging.WARNING
-            log.log(
-                level,
-                "outbox event gave up: PUBLISH_FAILED_RETRY (re-drive it once the transport "
-                "is back)"
-                if gave_up
-                else "outbox publish failed; will retry",
-                extra={
-                    "event_id": event.event_id,
-                    "queue": event.queue,
-                    "correlation_id": event.correlation_id,
-                    "attempt": event.attempts,
-                    "category": category.value,
-                    "error": error,
-                    **({} if gave_up else {"retry_in_s": round(delay, 3)}),
-                },
-            )
-            for observer in self.observers:
-                try:
-                    observer.publish_failed(event, error, gave_up)
-                except Exception:
-                    log.exception("relay observer %s failed", type(observer).__name__)
-
-    async def _alert(
-        self, tx: Tx, event: OutboxEvent, category: Category, code: str | None, error: str
-    ) -> None:
-        from .alerts import enqueue_alert
-
-        await enqueue_alert(
-            tx,
-            source="outbox",
-            queue=event.queue,
-            category=category.value,
-            fingerprint=f"outbox:{event.queue}:{code or category.value}",
-            title=(
-                f"outbox event could not be published to {event.queue!r} after "
-                f"{event.attempts} attempts (PUBLISH_FAILED_RETRY)"
-            ),
-            details={
-                "event_id": event.event_id,
-                "queue": event.queue,
-                "correlation_id": event.correlation_id or "",
-                "attempts": str(event.attempts),
-                "error_code": code or "",
-                "last_error": error,
-                "action": f"jobfence outbox redrive {event.event_id} --reason '…'",
-            },
-        )
 
 
 # -- the ops API route -------------------------------------------------------------------------

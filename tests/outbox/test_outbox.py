@@ -26,6 +26,7 @@ import pytest
 
 from jobfence import App, EnqueueError, Job, RetryPolicy, Tx, outbox
 from jobfence.harness import Outcome
+from jobfence.relay import Relay
 
 from ..conftest import create_pg_database, drop_pg_database, pg_url
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table, wait_until
@@ -68,7 +69,7 @@ async def test_rolled_back_transaction_publishes_nothing(ledger: str) -> None:
             await outbox.write(
                 tx, "points.credit", {"member": "m-2", "points": 7}, event_id="evt-committed"
             )
-        relay = outbox.Relay(app, poll_interval=0.05)
+        relay = Relay(app, poll_interval=0.05)
         relay.start()
         async with RunningWorker(app, concurrency=2) as w:
             await eventually(lambda: w.stats.handled == 1, what="the committed event consumed")
@@ -98,7 +99,7 @@ async def test_event_id_is_the_job_id_the_consumer_fences_on(pg_database: str) -
             event_id = await outbox.write(
                 tx, "orders.created", {"order": 1}, event_id="evt-1", correlation_id="req-9"
             )
-        relay = outbox.Relay(app)
+        relay = Relay(app)
         assert await relay.run_once() == 1
         # a relay bug that publishes the same event again (seed 004 E3)
         event = await outbox.get_event(app.db, "evt-1")
@@ -165,16 +166,17 @@ RELAY_SCRIPT = textwrap.dedent(
     """
     import asyncio, pathlib, sys
     from datetime import timedelta
-    from jobfence import App, outbox
+    from jobfence import App
+    from jobfence.relay import Relay, RelayObserver
 
-    class HoldAfterPublish(outbox.RelayObserver):
+    class HoldAfterPublish(RelayObserver):
         async def published(self, events):
             pathlib.Path(sys.argv[2]).write_text(",".join(e.event_id for e in events))
             await asyncio.Event().wait()  # published, not yet marked: kill me here
 
     async def main():
         app = App(sys.argv[1])
-        relay = outbox.Relay(
+        relay = Relay(
             app,
             lease=timedelta(seconds=2),
             publish_timeout=timedelta(seconds=1),
@@ -225,7 +227,7 @@ async def test_relay_killed_after_publish_before_mark_is_absorbed_by_the_fence(
         state = await query(
             pg_database, "SELECT state, attempts FROM core.outbox WHERE event_id = 'evt-kill'"
         )
-        second = outbox.Relay(app, poll_interval=0.1)
+        second = Relay(app, poll_interval=0.1)
         second.start()
         await eventually(
             lambda: second.stats.published == 1,
@@ -291,7 +293,7 @@ async def test_transport_down_five_attempts_then_failed_retry_then_redrive_deliv
         consumed.append(job.job_id)
 
     async with app:
-        relay = outbox.Relay(
+        relay = Relay(
             app,
             poll_interval=0.05,
             policy=FAST_PUBLISH,
@@ -391,7 +393,7 @@ async def test_several_relays_publish_each_event_once_and_each_key_in_order(
                 await outbox.write(tx, "q", {"key": key, "seq": n // 10}, key=key)
             for n in range(100):
                 await outbox.write(tx, "q", {"free": n})
-        relays = [outbox.Relay(app, batch_size=7, poll_interval=0.05) for _ in range(4)]
+        relays = [Relay(app, batch_size=7, poll_interval=0.05) for _ in range(4)]
         for relay in relays:
             relay.start()
         await eventually(
@@ -419,7 +421,7 @@ async def test_relay_wakes_on_notify_not_on_its_poll(pg_database: str) -> None:
     within seconds: the insert's NOTIFY wakes it."""
     app = App(pg_database)
     async with app:
-        relay = outbox.Relay(app, poll_interval=60)
+        relay = Relay(app, poll_interval=60)
         relay.start()
         await eventually(lambda: relay.stats.rounds >= 1, what="a first idle round")
         await asyncio.sleep(0)  # let it go idle
@@ -444,7 +446,7 @@ async def test_relay_publishes_on_sqlite_by_polling(sqlite_database: str) -> Non
         async with app.db.transaction() as tx:
             await outbox.write(tx, "q", {"n": 1}, event_id="evt-lite", key="k")
             await outbox.write(tx, "q", {"n": 2}, event_id="evt-lite-2", key="k")
-        relay = outbox.Relay(app, poll_interval=0.05)
+        relay = Relay(app, poll_interval=0.05)
         relay.start()
         async with RunningWorker(app) as w:
             await eventually(lambda: w.stats.handled == 2, what="both events consumed")
@@ -465,7 +467,7 @@ async def test_cleanup_deletes_only_published_events_past_the_retention(
             for n in range(5):
                 await outbox.write(tx, "q", {"n": n}, event_id=f"old-{n}")
             await outbox.write(tx, "q", {}, event_id="recent")
-        relay = outbox.Relay(app)
+        relay = Relay(app)
         await relay.run_once()
         async with app.db.transaction() as tx:
             await outbox.write(tx, "q", {}, event_id="pending")
@@ -684,7 +686,7 @@ async def test_idle_relay_sleeps_until_timed_work_and_never_spins_on_a_blocked_k
             f"UPDATE {table_name} SET state = 'PUBLISH_FAILED_RETRY', attempts = 5 "
             "WHERE event_id = 'head'",
         )
-        relay = outbox.Relay(app, poll_interval=60)
+        relay = Relay(app, poll_interval=60)
         assert await relay.run_once() == 0
         blocked = await relay.idle_wait()
         async with app.db.transaction() as tx:

@@ -38,6 +38,7 @@ from ..errors import Category, ConfigurationError, NonRetryableError
 from ..http import DEFAULT_WINDOW
 from ..jobs import Delivery, Job
 from ..observers import Observer
+from ..relay import OutboxEvent, Relay
 from ..retry import RetryPolicy
 from ..store import Store
 from ..transports import Transport
@@ -278,9 +279,9 @@ class PurchaseOrderService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def relay(self, **options: Any) -> outbox.Relay:
+    def relay(self, **options: Any) -> Relay:
         """A relay that also moves requests to PUBLISHED when their event is published."""
-        return outbox.Relay(self.app, on_published=self.on_published, **options)
+        return Relay(self.app, on_published=self.on_published, **options)
 
     def worker(self, **options: Any) -> Any:
         return self.app.worker(queues=[QUEUE], **options)
@@ -609,7 +610,7 @@ class PurchaseOrderService:
 
     # -- the pipeline ---------------------------------------------------------------------------
 
-    async def on_published(self, tx: Tx, events: Sequence[outbox.OutboxEvent]) -> None:
+    async def on_published(self, tx: Tx, events: Sequence[OutboxEvent]) -> None:
         """Relay hook, in the transaction that marks the events published."""
         ids = [e.event_id for e in events if e.queue == QUEUE]
         if not ids:
