@@ -174,7 +174,7 @@ def fingerprint_request(
 
 
 class IdempotencyStore:
-    """The key table, one operation per named query (``queries_http.sql``)."""
+    """The key table, one operation per named query (``sql/<dialect>/queries/idempotency.sql``)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db

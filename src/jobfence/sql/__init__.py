@@ -1,4 +1,6 @@
-"""Named SQL, loaded once per dialect from ``<dialect>/queries.sql``; schema and migrations.
+"""Named SQL, loaded once per dialect from ``<dialect>/queries/<aggregate>.sql`` (jobs, fence,
+dead_letters, replays, audit, alerts, leases, ops_tokens, outbox, idempotency, migrations,
+clock); the declared schema in ``<dialect>/schema/``; numbered ``<dialect>/migrations/``.
 
 No SQL is built from strings at run time: every runtime statement is a named block here.
 """
@@ -22,23 +24,21 @@ _NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
 def _read(dialect: Dialect, *parts: str) -> str:
-    return resources.files(__package__).joinpath(dialect, *parts).read_text(encoding="utf-8")
+    path = resources.files(__package__).joinpath(dialect)
+    for part in "/".join(parts).split("/"):
+        path = path.joinpath(part)
+    return path.read_text(encoding="utf-8")
 
 
-def _parts(dialect: Dialect, stem: str) -> list[str]:
-    """``<stem>.sql`` then every ``<stem>_<feature>.sql`` of a dialect, in name order."""
-    folder = resources.files(__package__).joinpath(dialect)
-    extra = sorted(
-        entry.name
-        for entry in folder.iterdir()
-        if entry.name.startswith(f"{stem}_") and entry.name.endswith(".sql")
-    )
-    return [f"{stem}.sql", *extra]
+def _parts(dialect: Dialect, folder: str) -> list[str]:
+    """The ``.sql`` files of ``<dialect>/<folder>/``, in name order."""
+    entries = resources.files(__package__).joinpath(dialect, folder).iterdir()
+    return sorted(f"{folder}/{e.name}" for e in entries if e.name.endswith(".sql"))
 
 
 @cache
 def queries(dialect: Dialect) -> dict[str, LiteralString]:
-    """All named queries of a dialect (``queries.sql`` and ``queries_<feature>.sql``)."""
+    """All named queries of a dialect: ``<dialect>/queries/<aggregate>.sql``."""
     found: dict[str, LiteralString] = {}
     for part in _parts(dialect, "queries"):
         text = _read(dialect, part)
@@ -84,5 +84,5 @@ def migrations(dialect: Dialect) -> tuple[Migration, ...]:
 
 
 def declared_schema(dialect: Dialect) -> LiteralString:
-    """The declared schema: ``schema.sql`` then every ``schema_<feature>.sql``."""
+    """The declared schema: ``<dialect>/schema/*.sql``, in name order."""
     return "\n".join(_read(dialect, part) for part in _parts(dialect, "schema"))

@@ -1,4 +1,4 @@
--- HTTP idempotency keys on SQLite (jobfence.http). Parameters: :name; {NOW} is the clock.
+-- HTTP idempotency keys (jobfence.http.idempotency).
 
 -- name: idempotency_claim
 INSERT INTO core_idempotency_keys AS k (

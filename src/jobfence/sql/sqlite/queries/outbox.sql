@@ -1,5 +1,4 @@
--- The transactional outbox on SQLite (jobfence.outbox). Parameters: :name; {NOW} is the
--- clock in epoch seconds. SQLite has one writer at a time, so claims need no SKIP LOCKED.
+-- The transactional outbox and its relay (jobfence.outbox, jobfence.relay).
 
 -- name: outbox_write
 INSERT INTO core_outbox (event_id, queue, ordering_key, correlation_id, payload,

@@ -1,4 +1,4 @@
--- The transactional outbox on PostgreSQL (jobfence.outbox). Parameters: %(name)s.
+-- The transactional outbox and its relay (jobfence.outbox, jobfence.relay).
 
 -- name: outbox_write
 INSERT INTO core.outbox (event_id, queue, ordering_key, correlation_id, payload)

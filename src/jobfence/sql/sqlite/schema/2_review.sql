@@ -1,5 +1,5 @@
 -- Declared schema for dead-letter review, audit, replays, fence cleanup, alerts and ops
--- tokens (on top of schema.sql). migrations/0002_review_alerts_ops.sql and
+-- tokens (on top of schema/1_core.sql). migrations/0002_review_alerts_ops.sql and
 -- 0005_audit_transitions_keep_decided.sql produce exactly this.
 
 -- Review of a dead letter: pending_review → replayed | discarded, final once decided.

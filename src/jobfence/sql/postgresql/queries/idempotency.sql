@@ -1,4 +1,4 @@
--- HTTP idempotency keys on PostgreSQL (jobfence.http). Parameters: %(name)s.
+-- HTTP idempotency keys (jobfence.http.idempotency).
 
 -- name: idempotency_claim
 -- Take the key: a new key, a key whose window is over, or an in-progress key whose server
