@@ -16,10 +16,10 @@ from typing import Any
 import click
 from rich.table import Table
 
-from . import outbox
-from .cli import console, database_option, load_app, main_group, run, transport_option
-from .errors import ReviewConflict
-from .relay import Relay
+from .. import outbox
+from ..errors import ReviewConflict
+from ..relay import Relay
+from ._common import console, database_option, load_app, main_group, run, transport_option
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -92,8 +92,8 @@ def relay(
     APP (module:attribute) is optional: without it the relay publishes to --transport (or the
     database queue). Run several relays at once if you like; they share the work.
     """
-    from . import logs
-    from .app import App
+    from .. import logs
+    from ..app import App
 
     logs.configure(log_level, log_format)
     if with_worker and not app_spec:
@@ -135,7 +135,7 @@ def outbox_group() -> None:
 
 
 def _open(database_url: str | None) -> Any:
-    from .app import App
+    from ..app import App
 
     return App(database_url)
 

@@ -1,0 +1,5 @@
+"""``python -m jobfence.cli``."""
+
+from . import main
+
+main()

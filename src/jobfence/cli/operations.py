@@ -1,0 +1,367 @@
+"""``jobfence cleanup``, ``jobfence ops serve|token …`` and ``jobfence alerts deliver|list``:
+the background duties and the ops server, run from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.table import Table
+
+from .. import deadletters as service
+from ..app import DEFAULT_LEASE
+from ..fence import exposure as fence_exposure
+from ..retry import DEFAULT_POLICY
+from ._common import (
+    _emit,
+    _opened,
+    _span,
+    _ts,
+    actor_option,
+    console,
+    database_option,
+    err_console,
+    json_option,
+    main_group,
+    run,
+)
+from ._common import transport_option as _transport_option
+
+# -- cleanup -------------------------------------------------------------------------------------
+
+
+def _stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def remove() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+    return remove
+
+
+@main_group.command("cleanup")
+@database_option
+@click.option("--once", is_flag=True, help="One pass, then exit (default: every --interval).")
+@click.option("--interval", default="5m", show_default=True, help="Time between passes.")
+@click.option("--batch", type=click.IntRange(1, 100_000), default=5000, show_default=True)
+@click.option(
+    "--min-age",
+    default=None,
+    help="Never delete fences younger than this (default: the default retry window plus one "
+    "lease per attempt, 18m30s).",
+)
+@json_option
+def cleanup(
+    database_url: str | None,
+    once: bool,
+    interval: str,
+    batch: int,
+    min_age: str | None,
+    as_json: bool,
+) -> None:
+    """Delete expired fence rows in short batches (one cleaner at a time).
+
+    A fence is kept while its job could still be delivered, while its job_id has a dead
+    letter pending review (or replayed recently), or while that job is still retrying.
+    """
+    from ..cleanup import cleanup_fences, cleanup_loop
+
+    age = _span(min_age, "--min-age") if min_age else fence_exposure(DEFAULT_POLICY, DEFAULT_LEASE)
+    every = _span(interval, "--interval")
+
+    async def go() -> None:
+        async with _opened(database_url) as app:
+            if once:
+                result = await cleanup_fences(app.db, min_age=age, batch=batch)
+                if as_json:
+                    _emit({**result.__dict__, "ran": result.ran})
+                elif result.busy:
+                    console.print(f"another cleaner is running ({result.busy}); nothing done")
+                else:
+                    console.print(
+                        f"deleted {result.deleted} expired fences in {result.batches} batches, "
+                        f"{result.seconds:.2f}s (longest batch "
+                        f"{result.longest_batch * 1000:.0f} ms)"
+                    )
+                return
+            stop = asyncio.Event()
+            remove = _stop_on_signals(stop)
+            try:
+                console.print(f"cleaning expired fences every {interval}; SIGTERM stops")
+                await cleanup_loop(app.db, min_age=age, interval=every, batch=batch, stop=stop)
+            finally:
+                remove()
+
+    run(go())
+
+
+# -- ops ---------------------------------------------------------------------------------------
+
+
+@main_group.group("ops")
+def ops_group() -> None:
+    """The ops HTTP API and its access tokens."""
+
+
+@ops_group.command("serve")
+@database_option
+@_transport_option
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8089, show_default=True)
+@click.option(
+    "--max-body",
+    type=click.IntRange(1024),
+    default=128 * 1024,
+    show_default=True,
+    help="Bytes; larger → 413.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def ops_serve(
+    database_url: str | None,
+    transport: str | None,
+    host: str,
+    port: int,
+    max_body: int,
+    log_level: str,
+) -> None:
+    """Serve the ops HTTP API (OpenAPI at /openapi.json, with a token)."""
+    import uvicorn
+
+    from ..ops.app import create_app
+
+    api = create_app(database_url, transport=transport, max_body=max_body)
+    server = uvicorn.Server(
+        uvicorn.Config(api, host=host, port=port, log_level=log_level, lifespan="on")
+    )
+    run(server.serve())
+    if not server.started:
+        raise SystemExit(1)
+
+
+@ops_group.group("token")
+def token_group() -> None:
+    """Bearer tokens for the ops API (stored hashed)."""
+
+
+@token_group.command("create")
+@database_option
+@click.option("--name", required=True, help="Who the token is for (shown in the audit log).")
+@click.option("--role", type=click.Choice(["viewer", "operator"]), required=True)
+@click.option("--partner", help="Limit the token to this partner's dead letters.")
+@click.option(
+    "--expires-in", default="90d", show_default=True, help="e.g. 12h, 30d; 'never' for none."
+)
+@actor_option
+def token_create(
+    database_url: str | None, name: str, role: str, partner: str | None, expires_in: str, actor: str
+) -> None:
+    """Create a token and print it (only this once)."""
+    from ..ops.auth import create_token
+
+    expiry = None if expires_in == "never" else _span(expires_in, "--expires-in")
+
+    async def go() -> str:
+        async with _opened(database_url) as app:
+            token = await create_token(
+                app.db, name=name, role=role, partner=partner, expires_in=expiry
+            )
+            async with app.db.transaction() as tx:
+                await service.record(
+                    tx,
+                    service.Actor(actor, "cli"),
+                    "ops.token.create",
+                    partner=partner,
+                    details={"name": name, "role": role, "expires_in": expires_in},
+                    new_state="active",
+                )
+            return token
+
+    token = run(go())
+    if sys.stdout.isatty():
+        err_console.print(f"token for {name} ({role}{', partner ' + partner if partner else ''}):")
+    click.echo(token)
+
+
+@token_group.command("list")
+@database_option
+@click.option("--all", "include_revoked", is_flag=True, help="Include revoked tokens.")
+@json_option
+def token_list(database_url: str | None, include_revoked: bool, as_json: bool) -> None:
+    """Tokens (never their secret)."""
+    from ..ops.auth import list_tokens
+
+    async def go() -> list[dict[str, Any]]:
+        async with _opened(database_url) as app:
+            return await list_tokens(app.db, include_revoked=include_revoked)
+
+    from ..db import to_datetime
+
+    tokens = [
+        {**t, **{k: to_datetime(t[k]) for k in ("created_at", "expires_at", "revoked_at")}}
+        for t in run(go())
+    ]
+    if as_json:
+        for t in tokens:
+            _emit(t)
+        return
+    table = Table(title="ops tokens")
+    for column in ("id", "name", "role", "partner", "created", "expires", "revoked"):
+        table.add_column(column)
+    for t in tokens:
+        table.add_row(
+            str(t["id"]),
+            t["name"],
+            t["role"],
+            t["partner"] or "-",
+            _ts(t["created_at"]),
+            _ts(t["expires_at"]),
+            _ts(t["revoked_at"]),
+        )
+    console.print(table)
+
+
+@token_group.command("revoke")
+@click.argument("name")
+@database_option
+@actor_option
+def token_revoke(name: str, database_url: str | None, actor: str) -> None:
+    """Revoke the active token called NAME."""
+    from ..ops.auth import revoke_token
+
+    async def go() -> bool:
+        async with _opened(database_url) as app:
+            done = await revoke_token(app.db, name)
+            if done:
+                async with app.db.transaction() as tx:
+                    await service.record(
+                        tx,
+                        service.Actor(actor, "cli"),
+                        "ops.token.revoke",
+                        details={"name": name},
+                        old_state="active",
+                        new_state="revoked",
+                    )
+            return done
+
+    if not run(go()):
+        raise click.UsageError(f"no active token named {name!r}")
+    console.print(f"revoked {name}")
+
+
+# -- alerts --------------------------------------------------------------------------------------
+
+
+@main_group.group("alerts")
+def alerts_group() -> None:
+    """Alert delivery (BetterStack, webhook) and the latest alerts."""
+
+
+@alerts_group.command("deliver")
+@database_option
+@click.option("--once", is_flag=True, help="One round, then exit.")
+@click.option("--interval", default="5s", show_default=True)
+@click.option("--window", default="5m", show_default=True, help="Grouping window.")
+@json_option
+def alerts_deliver(
+    database_url: str | None, once: bool, interval: str, window: str, as_json: bool
+) -> None:
+    """Group new alert events and deliver due alerts to the sinks configured by environment
+    (JOBFENCE_BETTERSTACK_TOKEN, JOBFENCE_ALERT_WEBHOOK_URL). Workers do this too."""
+    from ..alerts import AlertDispatcher, sinks_from_env
+
+    sinks = sinks_from_env()
+    grouping = _span(window, "--window")
+    every = _span(interval, "--interval")
+
+    async def go() -> None:
+        async with _opened(database_url) as app:
+            dispatcher = AlertDispatcher(app.db, sinks, window=grouping)
+            if once:
+                try:
+                    result = await dispatcher.tick()
+                finally:
+                    await dispatcher.close()
+                if as_json:
+                    _emit(result.__dict__)
+                else:
+                    console.print(
+                        f"grouped {result.events} events into {result.alerts} alerts; delivered "
+                        f"{result.delivered}, failed {result.failed} (sinks: "
+                        f"{', '.join(s.key for s in sinks) or 'none configured'})"
+                    )
+                return
+            stop = asyncio.Event()
+            remove = _stop_on_signals(stop)
+            try:
+                await dispatcher.run(interval=every, stop=stop)
+            finally:
+                remove()
+
+    run(go())
+
+
+@alerts_group.command("list")
+@database_option
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@json_option
+def alerts_list(database_url: str | None, limit: int, as_json: bool) -> None:
+    """The latest alerts and where each was delivered."""
+    from ..alerts import recent_alerts
+    from ..db import to_datetime
+
+    async def go() -> list[dict[str, Any]]:
+        async with _opened(database_url) as app:
+            return await recent_alerts(app.db, limit)
+
+    rows = run(go())
+    times = (
+        "created_at",
+        "window_start",
+        "window_end",
+        "ready_at",
+        "delivered_at",
+        "next_attempt_at",
+    )
+    rows = [{**r, **{k: to_datetime(r[k]) for k in times}} for r in rows]
+    if as_json:
+        for row in rows:
+            _emit(row)
+        return
+    table = Table(title="alerts")
+    for column in (
+        "id",
+        "kind",
+        "queue",
+        "category",
+        "count",
+        "sink",
+        "delivered",
+        "attempts",
+        "last error",
+    ):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["kind"],
+            r["queue"],
+            r["category"],
+            str(r["count"]),
+            r["sink"] or "-",
+            _ts(r["delivered_at"]),
+            str(r["attempts"] if r["attempts"] is not None else "-"),
+            r["last_error"] or "",
+        )
+    console.print(table)
