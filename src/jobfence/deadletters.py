@@ -34,7 +34,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 from .db import Database, Tx, to_datetime
 from .errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
@@ -46,6 +46,8 @@ T = TypeVar("T")
 
 Via = Literal["cli", "api", "library"]
 ItemOutcome = Literal["published", "already_applied", "not_pending", "truncated"]
+#: every item outcome of a replay, in report order (the CLI, the ops API and docs use these)
+ITEM_OUTCOMES: tuple[ItemOutcome, ...] = get_args(ItemOutcome)
 
 MAX_PAGE = 200
 MAX_IDS = 10_000

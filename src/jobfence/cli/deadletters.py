@@ -227,7 +227,7 @@ def _report(status: replays.ReplayStatus, as_json: bool) -> None:
     )
     table.add_column("outcome")
     table.add_column("letters", justify="right")
-    for outcome in ("published", "already_applied", "not_pending", "truncated", "pending"):
+    for outcome in (*service.ITEM_OUTCOMES, "pending"):
         if status.counts.get(outcome):
             table.add_row(outcome, str(status.counts[outcome]))
     console.print(table)
@@ -403,7 +403,7 @@ def _replay_one(
 @database_option
 @click.option(
     "--outcome",
-    type=click.Choice(["pending", "published", "already_applied", "not_pending", "truncated"]),
+    type=click.Choice(["pending", *service.ITEM_OUTCOMES]),
     help="Only items with this outcome.",
 )
 @click.option("--limit", type=click.IntRange(1, service.MAX_PAGE), default=50, show_default=True)

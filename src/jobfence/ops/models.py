@@ -12,6 +12,7 @@ from ..deadletters import (
     MAX_IDS,
     MAX_REASON,
     AuditEntry,
+    ItemOutcome,
     LetterView,
 )
 from ..letters import DeadLetter
@@ -149,7 +150,7 @@ class DiscardBody(BaseModel):
 
 class ItemResult(BaseModel):
     dead_letter_id: int
-    outcome: Literal["published", "already_applied", "not_pending", "truncated"]
+    outcome: ItemOutcome
     detail: str | None
 
 
