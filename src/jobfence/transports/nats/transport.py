@@ -1,43 +1,18 @@
-"""NATS JetStream as the queue (``nats://host:4222``), with nats-py.
-
-Per jobfence queue ``Q`` the adapter keeps:
-
-* a stream ``<prefix>_<Q>`` on subject ``<prefix>.jobs.<Q>``: file storage, work-queue
-  retention (a message is removed once acked), ``replicas`` copies;
-* a durable pull consumer ``<prefix>-workers`` shared by every worker: explicit acks,
-  ``AckWait`` = the app's lease (renewed with progress acks, ``+WPI``, while a handler runs),
-  ``MaxDeliver`` = ``max_deliver``;
-* a retry with a delay is a negative ack with that delay (``nak(delay)``) on the same
-  message; what the header cannot carry any more (the attempt's history, hand-backs that
-  must not count) goes to the state stream ``<prefix>_STATE``, one subject per message,
-  purged when the message is acked;
-* MaxDeliver is never silence: the server's MAX_DELIVERIES advisories are captured by the
-  stream ``<prefix>_EXHAUSTED``; the adapter hands each such message to the harness again
-  (with its true attempt count), which ends it in jobfence's dead letters.
-
-Attempts follow SPEC R1: the message's ``num_delivered`` (every delivery, a lost one
-included) minus the deliveries handed back unattempted.
-
-URL options (removed before connecting): ``prefix`` (default ``jobfence``), ``max_deliver``
-(default 20; keep it above the policies' attempts), ``replicas`` (default 1; use 3 in a
-cluster), ``state_ttl`` seconds (default 8 days; longer than any retry window).
-"""
+"""The NATS JetStream adapter (see :mod:`jobfence.transports.nats` for the layout on the
+server): connecting, publishing, consuming, the answers, and the messages JetStream stopped
+redelivering (MaxDeliver)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
-import logging
 import re
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote
 
 import nats
 import nats.errors
@@ -46,163 +21,40 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    DeliverPolicy,
     DiscardPolicy,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
 
-from ..errors import Category, ConfigurationError, EnqueueError
-from ..jobs import AttemptRecord, Delivery, history_from, history_json
-from ..store import OutgoingJob
-from . import Transport
-from ._broker import (
+from ...errors import Category, ConfigurationError, EnqueueError
+from ...jobs import Delivery
+from ...store import OutgoingJob
+from .. import Transport
+from .._broker import (
     DELAY,
     Meta,
     Options,
     ShieldedFetch,
     retry_record,
 )
-
-log = logging.getLogger("jobfence.transport.nats")
+from .connection import (
+    API_TIMEOUT,
+    INITIAL_CONNECT_ATTEMPTS,
+    UNAVAILABLE,
+    ClientEvents,
+    _describe,
+    _display,
+    _missing,
+    log,
+)
+from .messages import _SAFE, HEADER_ROOM, _header_bytes, _State, _Token
+from .topology import ADVISORY, NatsTopology
 
 PUBLISH_BATCH = 500
-#: Bytes of a message's max_payload kept for jobfence's headers. NATS counts headers into
-#: max_payload; the longest headers of a first publish (a 255-character job id and
-#: correlation id of 4-byte characters, percent-encoded: 3 060 bytes each, plus the attempt
-#: count, enqueue time, delay and the expected stream's name) take under 7 KiB.
-HEADER_ROOM = 8 * 1024
-ADVISORY_ACK_WAIT = 300.0  # seconds
-API_TIMEOUT = 15.0  # seconds for a JetStream API answer (a busy server can be slow)
-INITIAL_CONNECT_ATTEMPTS = 3  # 0.5 s apart; reconnections after that never give up
-ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
-_SAFE = " !#$%&'()*+,-./:;<=>?@[]^_`{|}~"
 
 
-class ClientEvents:
-    """nats-py's connection callbacks, each event one log line through jobfence's logger.
-
-    nats-py's default error callback logs every error with its traceback (a reconnecting
-    client: one per attempt, twice a second). Here a lost connection, each distinct error
-    and the reconnection are one WARNING line each, without a traceback; the same error
-    again within ``repeat_window`` seconds (the reconnection attempts of one outage) is a
-    DEBUG line, counted in the next WARNING about it and in the reconnection's line.
-    """
-
-    def __init__(self, server: str, repeat_window: float = 60.0) -> None:
-        self.server = server
-        self.repeat_window = repeat_window
-        self.closing = False
-        # the first connection: its errors become the one-line error of open(), not logs
-        self.connecting = True
-        self.last_error: BaseException | None = None
-        self._last: dict[str, float] = {}
-        self._repeats: dict[str, int] = {}
-        self._down_since: float | None = None
-        self._failed = 0
-
-    async def error(self, exc: Exception) -> None:
-        self.last_error = exc
-        if self.connecting:
-            log.debug("NATS connection attempt failed", extra={"error": _describe(exc)})
-            return
-        if self._down_since is not None:
-            self._failed += 1
-        self.note("NATS client error", exc)
-
-    def note(self, event: str, exc: BaseException) -> None:
-        """One WARNING line for ``event`` caused by ``exc``; DEBUG when it repeats."""
-        text = _describe(exc)
-        key = f"{event}|{text}"
-        now = time.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self.repeat_window:
-            self._repeats[key] = self._repeats.get(key, 0) + 1
-            log.debug(f"{event} (again)", extra={"server": self.server, "error": text})
-            return
-        self._last[key] = now
-        extra: dict[str, Any] = {"server": self.server, "error": text}
-        repeats = self._repeats.pop(key, 0)
-        if repeats:
-            extra["repeated"] = repeats
-        log.warning(event, extra=extra)
-
-    async def disconnected(self) -> None:
-        if self.closing:
-            return
-        self._down_since = time.monotonic()
-        self._failed = 0
-        log.warning("NATS connection lost; reconnecting", extra={"server": self.server})
-
-    async def reconnected(self) -> None:
-        extra: dict[str, Any] = {"server": self.server}
-        if self._down_since is not None:
-            extra["down_s"] = round(time.monotonic() - self._down_since, 3)
-            extra["failed_attempts"] = self._failed
-        self._down_since = None
-        self._last.clear()  # the next outage's errors are news again
-        self._repeats.clear()
-        log.warning("NATS connection restored", extra=extra)
-
-    async def closed(self) -> None:
-        if not self.closing:
-            log.warning("NATS connection closed for good", extra={"server": self.server})
-
-
-#: What a connection that is down or a JetStream that is not ready (yet) raise: expected
-#: during an outage, logged in one line. (nats-py's TimeoutError is also the builtin one,
-#: which a pull fetch raises when there is simply nothing to fetch.)
-UNAVAILABLE: tuple[type[BaseException], ...] = (
-    TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.StaleConnectionError,
-    nats.errors.UnexpectedEOF,
-    nats.js.errors.ServiceUnavailableError,
-)
-
-
-def slug(queue: str) -> str:
-    """A stream-name-safe form of a queue name (unique: a hash when characters were lost)."""
-    clean = re.sub(r"[^A-Za-z0-9_-]", "_", queue)
-    if clean != queue:
-        clean += "_" + hashlib.sha1(queue.encode()).hexdigest()[:8]
-    return clean
-
-
-@dataclass
-class _State:
-    """What a message's headers cannot carry after a nak: history and refunds."""
-
-    refunds: int = 0
-    history: list[AttemptRecord] = field(default_factory=list)
-
-    def encode(self) -> bytes:
-        return json.dumps(
-            {"refunds": self.refunds, "history": json.loads(history_json(self.history))}
-        ).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> _State:
-        raw = json.loads(data)
-        return cls(int(raw.get("refunds", 0)), history_from(json.dumps(raw.get("history", []))))
-
-
-@dataclass
-class _Token:
-    msg: Msg  # the job message (or, for an exhausted one, the advisory)
-    stream: str
-    seq: int
-    state: _State | None
-    exhausted: bool = False
-
-
-class NatsTransport(Transport):
+class NatsTransport(NatsTopology, Transport):
     """Jobs as messages in NATS JetStream work-queue streams."""
 
     name = "nats"
@@ -261,18 +113,7 @@ class NatsTransport(Transport):
             state_ttl=state_ttl,
         )
 
-    # -- names ------------------------------------------------------------------------------
-
-    def stream_name(self, queue: str) -> str:
-        return f"{self.prefix}_{slug(queue)}"
-
-    def subject(self, queue: str) -> str:
-        return f"{self.prefix}.jobs.{slug(queue)}"
-
-    def _state_subject(self, stream: str, seq: int) -> str:
-        return f"{self.prefix}.state.{stream}.{seq}"
-
-    # -- connection and topology ------------------------------------------------------------
+    # -- connection -------------------------------------------------------------------------
 
     async def open(self) -> None:
         events = ClientEvents(_display(self.url))
@@ -355,74 +196,6 @@ class NatsTransport(Transport):
         self._subs.clear()
         self._advisory_subs.clear()
         self._ready.clear()
-
-    @property
-    def js(self) -> JetStreamContext:
-        if self._js is None:
-            raise RuntimeError("the NATS transport is not open")
-        return self._js
-
-    async def _ensure_stream(self, config: StreamConfig) -> None:
-        assert config.name is not None
-        try:
-            info = await self.js.stream_info(config.name)
-        except nats.js.errors.NotFoundError:
-            await self.js.add_stream(config)
-            return
-        if info.config.storage != StorageType.FILE:
-            raise ConfigurationError(
-                f"NATS stream {config.name!r} exists with {info.config.storage} storage; "
-                "jobfence needs file storage: delete the stream or use another prefix"
-            )
-
-    def stream_config(self, queue: str) -> StreamConfig:
-        return StreamConfig(
-            name=self.stream_name(queue),
-            subjects=[self.subject(queue)],
-            retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
-            num_replicas=self.replicas,
-            discard=DiscardPolicy.NEW,
-        )
-
-    def consumer_config(self) -> ConsumerConfig:
-        return ConsumerConfig(
-            durable_name=self.consumer,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=self.lease.total_seconds(),
-            max_deliver=self.max_deliver,
-            deliver_policy=DeliverPolicy.ALL,
-            max_ack_pending=10_000,
-        )
-
-    async def declare(self, queue: str) -> None:
-        """Create ``queue``'s stream and its durable consumer (idempotent)."""
-        if queue in self._ready:
-            return
-        async with self._ready_lock:
-            if queue in self._ready:
-                return
-            stream = self.stream_name(queue)
-            await self._ensure_stream(self.stream_config(queue))
-            try:
-                await self.js.consumer_info(stream, self.consumer)
-            except nats.js.errors.NotFoundError:
-                await self.js.add_consumer(stream, self.consumer_config())
-            try:
-                await self.js.consumer_info(self.exhausted_stream, stream)
-            except nats.js.errors.NotFoundError:
-                await self.js.add_consumer(
-                    self.exhausted_stream,
-                    ConsumerConfig(
-                        durable_name=stream,
-                        ack_policy=AckPolicy.EXPLICIT,
-                        # held in this worker until a harness takes it: a long wait, and
-                        # a redelivered advisory is recognised and not handed out twice
-                        ack_wait=max(self.lease.total_seconds(), ADVISORY_ACK_WAIT),
-                        filter_subject=f"{ADVISORY}.{stream}.{self.consumer}",
-                    ),
-                )
-            self._ready.add(queue)
 
     # -- publishing -------------------------------------------------------------------------
 
@@ -665,50 +438,3 @@ class NatsTransport(Transport):
         )
         token = _Token(advisory, stream, seq, state, exhausted=True)
         return meta.delivery(queue, raw.data or b"", attempt, token=token, ref=stream)
-
-    # -- introspection ----------------------------------------------------------------------
-
-    async def durability(self, queue: str) -> dict[str, Any]:
-        """The stream and consumer settings as the server reports them."""
-        await self.declare(queue)
-        info = await self.js.stream_info(self.stream_name(queue))
-        consumer = await self.js.consumer_info(self.stream_name(queue), self.consumer)
-        return {
-            "storage": info.config.storage,
-            "retention": info.config.retention,
-            "replicas": info.config.num_replicas,
-            "ack_policy": consumer.config.ack_policy,
-            "ack_wait": consumer.config.ack_wait,
-            "max_deliver": consumer.config.max_deliver,
-            "durable": consumer.config.durable_name,
-        }
-
-
-def _describe(exc: BaseException) -> str:
-    detail = str(exc)
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-def _display(url: str) -> str:
-    """``url`` without its secret (``nats://user:***@host``; a token alone: ``***@host``)."""
-    parts = urlsplit(url)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if not at:
-        return url
-    user, colon, _ = userinfo.partition(":")
-    masked = f"{user}:***" if colon else "***"
-    return urlunsplit(parts._replace(netloc=f"{masked}@{host}"))
-
-
-def _header_bytes(headers: dict[str, str]) -> int:
-    """The size of ``headers`` on the wire (``NATS/1.0``, a line each, a blank line)."""
-    return len(b"NATS/1.0\r\n\r\n") + sum(
-        len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()
-    )
-
-
-def _missing(exc: nats.js.errors.APIError) -> bool:
-    """The server says the message is not there (404, or "no message found")."""
-    if isinstance(exc, nats.js.errors.NotFoundError):
-        return True
-    return "no message found" in str(getattr(exc, "description", "") or "").lower()

@@ -1,0 +1,53 @@
+"""A job as a JetStream message: the room kept for jobfence's headers and their size on the
+wire, what the headers cannot carry after a nak (:class:`_State`, kept in the state stream),
+and the token of a delivery."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+
+from ...jobs import AttemptRecord, history_from, history_json
+
+#: Bytes of a message's max_payload kept for jobfence's headers. NATS counts headers into
+#: max_payload; the longest headers of a first publish (a 255-character job id and
+#: correlation id of 4-byte characters, percent-encoded: 3 060 bytes each, plus the attempt
+#: count, enqueue time, delay and the expected stream's name) take under 7 KiB.
+HEADER_ROOM = 8 * 1024
+_SAFE = " !#$%&'()*+,-./:;<=>?@[]^_`{|}~"
+
+
+@dataclass
+class _State:
+    """What a message's headers cannot carry after a nak: history and refunds."""
+
+    refunds: int = 0
+    history: list[AttemptRecord] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"refunds": self.refunds, "history": json.loads(history_json(self.history))}
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> _State:
+        raw = json.loads(data)
+        return cls(int(raw.get("refunds", 0)), history_from(json.dumps(raw.get("history", []))))
+
+
+@dataclass
+class _Token:
+    msg: Msg  # the job message (or, for an exhausted one, the advisory)
+    stream: str
+    seq: int
+    state: _State | None
+    exhausted: bool = False
+
+
+def _header_bytes(headers: dict[str, str]) -> int:
+    """The size of ``headers`` on the wire (``NATS/1.0``, a line each, a blank line)."""
+    return len(b"NATS/1.0\r\n\r\n") + sum(
+        len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()
+    )
