@@ -6,7 +6,10 @@ letters that people can read, replay and discard.
 """
 
 from .app import App
-from .db import SyncTx, Tx
+from .db import Database, SyncTx, Tx
+from .deadletters import Actor
+from .deadletters import discard as discard_dead_letter
+from .deadletters import letters as list_dead_letters
 from .errors import (
     AuthenticationError,
     AuthorizationError,
@@ -36,6 +39,7 @@ from .errors import (
 from .jobs import AttemptRecord, Delivery, Job
 from .letters import DeadLetter
 from .observers import Observer
+from .relay import OutboxEvent, Relay
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import OutgoingJob
 from .transports import Transport
@@ -45,6 +49,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "DEFAULT_POLICY",
+    "Actor",
     "App",
     "AttemptRecord",
     "AuthenticationError",
@@ -52,6 +57,7 @@ __all__ = [
     "BusinessError",
     "Category",
     "ConfigurationError",
+    "Database",
     "DatabaseUnavailable",
     "DeadLetter",
     "Delivery",
@@ -64,8 +70,10 @@ __all__ = [
     "NonRetryableError",
     "NotFound",
     "Observer",
+    "OutboxEvent",
     "OutgoingJob",
     "PoisonPayload",
+    "Relay",
     "Retry",
     "RetryPolicy",
     "ReviewConflict",
@@ -82,4 +90,6 @@ __all__ = [
     "Worker",
     "__version__",
     "classify",
+    "discard_dead_letter",
+    "list_dead_letters",
 ]
