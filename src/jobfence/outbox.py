@@ -31,7 +31,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from .db import Database, to_datetime
 from .db.adopt import SyncConnection, adopt
@@ -40,10 +40,6 @@ from .errors import (
     EnqueueError,
     InvalidRequest,
 )
-
-if TYPE_CHECKING:
-    from fastapi import APIRouter
-
 
 log = logging.getLogger("jobfence.outbox")
 
@@ -345,14 +341,3 @@ async def cleanup(db: Database, retention: timedelta = DEFAULT_RETENTION, batch:
         total += len(rows)
         if len(rows) < batch:
             return total
-
-
-# -- the ops API route -------------------------------------------------------------------------
-
-
-def ops_router() -> APIRouter:
-    """FastAPI routes for operators: list/show outbox events and re-drive failed ones (see
-    :mod:`jobfence.http.ops_outbox`; needs the ``ops`` extra)."""
-    from .http.ops_outbox import router
-
-    return router()

@@ -1,11 +1,11 @@
 """The outbox routes of the ops API (SPEC O2): list and show events, re-drive failed ones.
 
-Mounted by the purchase-order service (and any ops app) with
-``api.include_router(jobfence.outbox.ops_router())``. Authentication is
-:func:`jobfence.ops.auth.require` against the opened jobfence ``Database`` at
-``request.app.state.jobfence_db``: viewers read, operators preview and re-drive. The outbox
-spans every partner, so a token scoped to one partner gets 403 here. Each re-drive is
-audited.
+Served by the ops API under ``/v1``; any FastAPI app can mount them too, with
+``api.include_router(jobfence.ops.routes.outbox.router())`` (the purchase-order service
+does). Authentication is :func:`jobfence.ops.auth.require` against the opened jobfence
+``Database`` at ``request.app.state.jobfence_db``: viewers read, operators preview and
+re-drive. The outbox spans every partner, so a token scoped to one partner gets 403 here.
+Each re-drive is audited.
 
 A re-drive is explicit: it names its events (``event_ids``), or asks for every failed event
 (``all: true``, optionally of one ``queue``) with ``expected_total``, the count
@@ -20,11 +20,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .. import outbox
-from ..db import Database
-from ..deadletters import MAX_ID
-from ..errors import ConfigurationError, InvalidRequest, ReviewConflict
-from ..ops.auth import Principal, require
+from ... import outbox
+from ...db import Database
+from ...deadletters import MAX_ID
+from ...errors import ConfigurationError, InvalidRequest, ReviewConflict
+from ..auth import Principal, require
 
 MAX_EVENT_IDS = 10_000
 EventId = Annotated[str, Field(min_length=1, max_length=outbox.MAX_KEY_LENGTH)]
