@@ -172,21 +172,19 @@ def token_create(
 
     expiry = None if expires_in == "never" else _span(expires_in, "--expires-in")
 
+    who = service.Actor(actor, "cli")
+
     async def go() -> str:
         async with _opened(database_url) as app:
-            token = await create_token(
-                app.db, name=name, role=role, partner=partner, expires_in=expiry
+            return await create_token(
+                app.db,
+                name=name,
+                role=role,
+                partner=partner,
+                expires_in=expiry,
+                actor=who,
+                expiry_as=expires_in,
             )
-            async with app.db.transaction() as tx:
-                await service.record(
-                    tx,
-                    service.Actor(actor, "cli"),
-                    "ops.token.create",
-                    partner=partner,
-                    details={"name": name, "role": role, "expires_in": expires_in},
-                    new_state="active",
-                )
-            return token
 
     token = run(go())
     if sys.stdout.isatty():
@@ -240,20 +238,11 @@ def token_revoke(name: str, database_url: str | None, actor: str) -> None:
     """Revoke the active token called NAME."""
     from ..ops.auth import revoke_token
 
+    who = service.Actor(actor, "cli")
+
     async def go() -> bool:
         async with _opened(database_url) as app:
-            done = await revoke_token(app.db, name)
-            if done:
-                async with app.db.transaction() as tx:
-                    await service.record(
-                        tx,
-                        service.Actor(actor, "cli"),
-                        "ops.token.revoke",
-                        details={"name": name},
-                        old_state="active",
-                        new_state="revoked",
-                    )
-            return done
+            return await revoke_token(app.db, name, actor=who)
 
     if not run(go()):
         raise click.UsageError(f"no active token named {name!r}")

@@ -14,7 +14,9 @@ partner scope and an expiry. Deny by default.
 
 Tokens are ``jfo_`` + 43 random URL-safe characters (256 bits); only their SHA-256 is stored,
 so a leaked database does not leak usable tokens. :func:`create_token` returns the plain token
-once (``jobfence ops token create`` prints it).
+once (``jobfence ops token create`` prints it). Created or revoked by an actor (the CLI always
+names one), a token is audited (``ops.token.create``, ``ops.token.revoke``) in its own
+transaction: the token and its audit row commit together.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..db import Database, is_unique_violation
+from ..deadletters import Actor, record
 from ..errors import TokenError
 
 Role = Literal["viewer", "operator"]
@@ -112,8 +115,16 @@ async def create_token(
     role: str,
     partner: str | None = None,
     expires_in: timedelta | None = None,
+    actor: Actor | None = None,
+    expiry_as: str | None = None,
 ) -> str:
-    """Create a token and return it (the only time it is ever shown in full)."""
+    """Create a token and return it (the only time it is ever shown in full).
+
+    With ``actor`` (as ``jobfence ops token create`` passes), the token and its audit row
+    (``ops.token.create``) commit in one transaction: if either fails, neither exists.
+    ``expiry_as`` is how the audit row states the expiry (default: the duration, e.g.
+    ``30d``, or ``never``). Without ``actor`` nothing is audited (tests and demos minting
+    their own tokens)."""
     if role not in ROLES:
         raise TokenError(f"role must be 'viewer' or 'operator', got {role!r}")
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
@@ -130,9 +141,23 @@ async def create_token(
         "partner": partner,
         "expires_in": expires_in.total_seconds() if expires_in is not None else None,
     }
+    details = {
+        "name": name,
+        "role": role,
+        "expires_in": expiry_as if expiry_as is not None else _duration(expires_in),
+    }
     try:
         async with db.transaction() as tx:
             await tx.q("ops_token_insert", params)
+            if actor is not None:
+                await record(
+                    tx,
+                    actor,
+                    "ops.token.create",
+                    partner=partner,
+                    details=details,
+                    new_state="active",
+                )
     except Exception as exc:
         if is_unique_violation(exc):
             raise TokenError(
@@ -143,12 +168,36 @@ async def create_token(
     return token
 
 
-async def revoke_token(db: Database, name: str) -> bool:
-    """Revoke the active token called ``name``; False when there is none."""
+async def revoke_token(db: Database, name: str, *, actor: Actor | None = None) -> bool:
+    """Revoke the active token called ``name``; False when there is none. With ``actor``, the
+    revocation and its audit row (``ops.token.revoke``) commit in one transaction."""
     async with db.transaction() as tx:
-        return bool(await tx.q("ops_token_revoke", {"name": name}))
+        if not await tx.q("ops_token_revoke", {"name": name}):
+            return False
+        if actor is None:
+            return True
+        await record(
+            tx,
+            actor,
+            "ops.token.revoke",
+            details={"name": name},
+            old_state="active",
+            new_state="revoked",
+        )
+    return True
 
 
 async def list_tokens(db: Database, *, include_revoked: bool = False) -> list[dict[str, Any]]:
     """Tokens without their hashes."""
     return [dict(row) for row in await db.run("ops_tokens_list", {"all": include_revoked})]
+
+
+def _duration(span: timedelta | None) -> str:
+    """``30d``, ``12h``, ``90m``, ``45s`` (the largest whole unit), or ``never``."""
+    if span is None:
+        return "never"
+    seconds = span.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
