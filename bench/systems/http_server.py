@@ -1,4 +1,4 @@
-"""The purchase-order API (jobfence.purchase_orders) served by uvicorn for the HTTP
+"""The purchase-order API (jobfence_examples.purchase_orders) served by uvicorn for the HTTP
 ingestion workload (runs in the project's virtualenv).
 
     python bench/systems/http_server.py URL
@@ -18,9 +18,9 @@ import sys
 
 import uvicorn
 
-from jobfence.purchase_orders.adapter import ErpSettings
-from jobfence.purchase_orders.api import create_api
-from jobfence.purchase_orders.service import PurchaseOrderService, migrate
+from jobfence_examples.purchase_orders.adapter import ErpSettings
+from jobfence_examples.purchase_orders.api import create_api
+from jobfence_examples.purchase_orders.service import PurchaseOrderService, migrate
 
 
 async def main(url: str) -> None:

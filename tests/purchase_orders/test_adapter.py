@@ -17,8 +17,8 @@ from jobfence import (
     IntegrationError,
     TemporaryError,
 )
-from jobfence.purchase_orders import CallRetry, ErpClient, ErpSettings
-from jobfence.purchase_orders.erp import ErpProcess, Switches
+from jobfence_examples.purchase_orders import CallRetry, ErpClient, ErpSettings
+from jobfence_examples.purchase_orders.erp import ErpProcess, Switches
 
 DOC = {"company_id": "BU-1", "document_type": "STANDARD", "lines": [{"item": "X"}]}
 

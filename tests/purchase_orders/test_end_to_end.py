@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from jobfence.purchase_orders.demo import Scenario, run_scenario
+from jobfence_examples.purchase_orders.demo import Scenario, run_scenario
 
 
 async def test_1000_posts_end_as_one_order_each_or_a_failed_request_with_its_dead_letter(

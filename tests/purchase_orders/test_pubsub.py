@@ -9,9 +9,9 @@ import sys
 import uuid
 from datetime import timedelta
 
-from jobfence.purchase_orders import QUEUE
-from jobfence.purchase_orders.demo import Scenario, run_scenario
 from jobfence.transports.pubsub import PubSubTransport
+from jobfence_examples.purchase_orders import QUEUE
+from jobfence_examples.purchase_orders.demo import Scenario, run_scenario
 
 from ..contract.support import PUBSUB_HOST, pubsub_cleanup
 from ..helpers import query

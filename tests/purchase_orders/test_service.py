@@ -14,9 +14,9 @@ import pytest
 
 from jobfence import RetryPolicy
 from jobfence.ops.auth import create_token
-from jobfence.purchase_orders import QUEUE, migrate
-from jobfence.purchase_orders.demo import LocalStack, Scenario
-from jobfence.purchase_orders.erp import ErpProcess
+from jobfence_examples.purchase_orders import QUEUE, migrate
+from jobfence_examples.purchase_orders.demo import LocalStack, Scenario
+from jobfence_examples.purchase_orders.erp import ErpProcess
 
 from ..helpers import eventually, query
 
@@ -495,8 +495,8 @@ async def test_parallel_posts_with_an_expired_key_create_one_new_request(api_onl
     import asyncio
     from datetime import UTC, datetime
 
-    from jobfence.purchase_orders.models import PurchaseOrderRequest
-    from jobfence.purchase_orders.service import Created
+    from jobfence_examples.purchase_orders.models import PurchaseOrderRequest
+    from jobfence_examples.purchase_orders.service import Created
 
     svc = api_only.stack.svc
     old = await svc.create_request(

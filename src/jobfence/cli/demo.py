@@ -49,8 +49,9 @@ def demo(
     """
     if ctx.invoked_subcommand is not None:
         return
+    from jobfence_examples.points import run_demo
+
     from .. import logs
-    from ..demo import run_demo
 
     logs.configure(log_level)
     ok = run(run_demo(database_url, jobs=jobs, concurrency=concurrency, keep=keep, console=console))
@@ -119,8 +120,9 @@ def demo_purchase_orders(
     POSTs with repeated keys and documents while the ERP fails; retries the failed requests as
     an operator; prints a summary with its checks.
     """
+    from jobfence_examples.purchase_orders.demo import Scenario, run_demo
+
     from .. import logs
-    from ..purchase_orders.demo import Scenario, run_demo
 
     logs.configure(log_level)
     scenario = Scenario(

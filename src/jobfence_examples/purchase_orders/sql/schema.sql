@@ -1,7 +1,7 @@
 -- The purchase-order reference service (SPEC A2, seed 004 §10.2), PostgreSQL only, in its own
--- schema next to jobfence's `core`. Applied by `jobfence.purchase_orders.migrate()` (idempotent,
--- under an advisory lock); `core` is migrated first because request rows and outbox events
--- are written in one transaction.
+-- schema next to jobfence's `core`. Applied by `jobfence_examples.purchase_orders.migrate()`
+-- (idempotent, under an advisory lock); `core` is migrated first because request rows and
+-- outbox events are written in one transaction.
 CREATE SCHEMA IF NOT EXISTS purchase_orders;
 
 -- Partners are tenants, identified by their own bearer tokens (stored as SHA-256).

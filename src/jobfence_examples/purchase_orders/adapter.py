@@ -1,7 +1,7 @@
 """The ERP adapter: one purchase order to the ERP, with in-process retry (SPEC R5).
 
 Every outcome becomes either an :class:`ErpOrder` or a jobfence
-:class:`~jobfence.errors.HandlerError` of the right taxonomy category (SPEC R4), so the
+:class:`~jobfence.HandlerError` of the right taxonomy category (SPEC R4), so the
 harness knows whether to retry at the broker level or to dead-letter:
 
 =========================================  ==========================  ======================
@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import (
+from jobfence import (
     AuthenticationError,
     AuthorizationError,
     BusinessError,
@@ -43,6 +43,7 @@ from ..errors import (
     TemporaryError,
 )
 
+# under "jobfence", so `jobfence demo purchase-orders --log-level` governs it as before
 log = logging.getLogger("jobfence.purchase_orders.erp")
 
 ORDERS_PATH = "/fscmRestApi/resources/latest/purchaseOrders"

@@ -24,13 +24,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import deadletters
-from .app import App
-from .db import Tx
-from .errors import Category, TemporaryError
-from .jobs import Delivery, Job
-from .observers import Observer
-from .retry import RetryPolicy
+from jobfence import (
+    App,
+    Category,
+    Delivery,
+    Job,
+    Observer,
+    RetryPolicy,
+    TemporaryError,
+    Tx,
+    list_dead_letters,
+)
 
 QUEUE = "jobfence-demo.points.credit"
 LEDGER = "jobfence_demo_ledger"
@@ -220,7 +224,7 @@ async def run_demo(
             effects, total, distinct_effects = int(row[0]), int(row[1]), int(row[2])
             letters = [
                 dl
-                for dl in await deadletters.letters(app.db, queue=QUEUE, limit=1000)
+                for dl in await list_dead_letters(app.db, queue=QUEUE, limit=1000)
                 if dl.job_id.startswith(run_id)
             ]
     finally:

@@ -1,6 +1,6 @@
 """The purchase-order service (SPEC A2): requests, their states, the consumer and operator retry.
 
-One jobfence :class:`~jobfence.app.App` carries it all: the API writes a request row and its
+One jobfence :class:`~jobfence.App` carries it all: the API writes a request row and its
 outbox event in one transaction; the relay publishes the event (``job_id = event_id``); the
 consumer fences the event, calls the ERP through :class:`~.adapter.ErpClient` and completes
 the request in the fence's transaction. Failures become dead letters, and the request shows
@@ -8,7 +8,8 @@ the matching final state.
 
 State changes that must be visible *while* the work transaction is still open (SENT_TO_ERP,
 RETRY_PENDING) or after it rolled back (the failure states) are written on a small second
-pool; the completion commits with the fence.
+pool (the pool of a second :class:`~jobfence.App` on the same database); the completion
+commits with the fence.
 """
 
 from __future__ import annotations
@@ -30,18 +31,28 @@ from typing import Any, LiteralString
 
 from psycopg.rows import dict_row
 
-from .. import outbox
-from ..app import App
-from ..config import parse_database_url
-from ..db import Database, Tx, connect
-from ..errors import Category, ConfigurationError, NonRetryableError
-from ..http import DEFAULT_WINDOW
-from ..jobs import Delivery, Job
-from ..observers import Observer
-from ..relay import OutboxEvent, Relay
-from ..retry import RetryPolicy
-from ..store import Store
-from ..transports import Transport
+from jobfence import (
+    Actor,
+    App,
+    Category,
+    ConfigurationError,
+    Database,
+    Delivery,
+    Job,
+    NonRetryableError,
+    NotFound,
+    Observer,
+    OutboxEvent,
+    Relay,
+    RetryPolicy,
+    ReviewConflict,
+    Transport,
+    Tx,
+    discard_dead_letter,
+    outbox,
+)
+from jobfence.http import DEFAULT_WINDOW
+
 from .adapter import ErpClient, ErpSettings
 from .models import (
     QUEUE,
@@ -53,6 +64,7 @@ from .models import (
     final_state,
 )
 
+# under "jobfence", so `jobfence demo purchase-orders --log-level` governs it as before
 log = logging.getLogger("jobfence.purchase_orders")
 
 PARTNER_TOKEN_PREFIX = "pop_"
@@ -100,22 +112,25 @@ async def q(tx: Tx, name: str, params: Mapping[str, Any] | None = None) -> list[
         return rows
 
 
+def _postgresql_only(app: App) -> App:
+    if app.url.dialect != "postgresql":
+        raise ConfigurationError("the purchase-order service runs on PostgreSQL only")
+    return app
+
+
 async def migrate(database_url: str) -> list[int]:
     """Migrate jobfence's ``core`` schema, then create the service's ``purchase_orders``
     schema (idempotent; safe to run from several processes at once)."""
-    url = parse_database_url(database_url)
-    if url.dialect != "postgresql":
-        raise ConfigurationError("the purchase-order service runs on PostgreSQL only")
-    db = connect(url)
-    await db.open(max_size=1)
+    app = _postgresql_only(App(database_url))
+    applied = await app.migrate()
+    await app.open(pool_size=1)
     try:
-        applied = await Store(db).migrate()
-        async with db.transaction() as tx:
+        async with app.db.transaction() as tx:
             await q(tx, "lock_migrations")
             await tx.script(_schema())
         return applied
     finally:
-        await db.close()
+        await app.close()
 
 
 def hash_token(token: str) -> str:
@@ -225,15 +240,13 @@ class PurchaseOrderService:
         retry: RetryPolicy = PO_POLICY,
         lease: timedelta = timedelta(seconds=30),
     ) -> None:
-        if parse_database_url(database_url).dialect != "postgresql":
-            raise ConfigurationError("the purchase-order service runs on PostgreSQL only")
         self.database_url = database_url
-        self.app = App(
-            database_url, transport=transport, lease=lease, observers=[_RequestStates(self)]
+        self.app = _postgresql_only(
+            App(database_url, transport=transport, lease=lease, observers=[_RequestStates(self)])
         )
         self.app.consumer(QUEUE, schema=OrderEvent, retry=retry)(self.handle)
         self.erp = ErpClient(erp)
-        self._side: Database | None = None
+        self._side: App | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._partners: dict[str, tuple[str | None, float]] = {}
 
@@ -242,8 +255,8 @@ class PurchaseOrderService:
     async def open(self, pool_size: int = 20) -> None:
         await self.app.open(pool_size=pool_size)
         if self._side is None:
-            side = connect(parse_database_url(self.database_url))
-            await side.open(max_size=4)
+            side = App(self.database_url)  # only its connection pool is used
+            await side.open(pool_size=4)
             self._side = side
         await self.erp.open()
 
@@ -272,7 +285,7 @@ class PurchaseOrderService:
     def side(self) -> Database:
         if self._side is None:
             raise RuntimeError("the service is not open")
-        return self._side
+        return self._side.db
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -585,11 +598,8 @@ class PurchaseOrderService:
         """The retry replaces the dead letter's event: close the letter (with the jobfence
         audit row) so it no longer waits for review. A letter someone already decided stays
         as it is."""
-        from ..deadletters import Actor, discard
-        from ..errors import NotFound, ReviewConflict
-
         try:
-            await discard(
+            await discard_dead_letter(
                 self.db,
                 letter_id,
                 actor=Actor(actor, "api", scope),

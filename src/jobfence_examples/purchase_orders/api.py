@@ -26,15 +26,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from .. import outbox
-from ..http import (
+from jobfence.http import (
     DEFAULT_LEASE,
     DEFAULT_WINDOW,
     MISMATCH,
     IdempotencyMiddleware,
     idempotency_of,
 )
-from ..ops.auth import Principal, authenticate, require
+from jobfence.ops.auth import Principal, authenticate, require
+from jobfence.ops.routes import outbox as outbox_routes
+
 from .models import PurchaseOrderRequest
 from .service import Created, DuplicateDocument, KeyMismatch, PurchaseOrderService, Refused
 
@@ -222,5 +223,5 @@ def create_api(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    api.include_router(outbox.ops_router())
+    api.include_router(outbox_routes.router())
     return api

@@ -28,8 +28,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from ..http import DEFAULT_LEASE, DEFAULT_WINDOW
-from ..retry import RetryPolicy
+from jobfence import RetryPolicy
+from jobfence.http import DEFAULT_LEASE, DEFAULT_WINDOW
+
 from .adapter import CallRetry, ErpSettings
 from .erp import ErpProcess, Switches
 from .models import RETRYABLE, RUNNING, State
@@ -308,7 +309,7 @@ async def run_scenario(
     erp: ErpProcess | None = None,
 ) -> Result:
     """Run the scenario against a migrated-or-empty PostgreSQL database; return the evidence."""
-    from ..ops.auth import create_token
+    from jobfence.ops.auth import create_token
 
     say = console.print if console is not None else (lambda *a, **k: None)
     rng = random.Random(scenario.seed)
@@ -499,7 +500,7 @@ async def run_scenario(
 
         requests = await svc.requests_by_ids(sorted(accepted))
         letters = await svc.dead_letters_for([row["current_event_id"] for row in requests.values()])
-        from .. import outbox
+        from jobfence import outbox
 
         result = Result(
             scenario=scenario,
@@ -670,7 +671,7 @@ async def run_demo(
     import psycopg
     from psycopg import sql
 
-    from ..errors import DatabaseUnavailable
+    from jobfence import DatabaseUnavailable
 
     created: str | None = None
     if database_url is None:

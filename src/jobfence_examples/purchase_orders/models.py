@@ -8,7 +8,7 @@ from decimal import Decimal
 import pydantic
 from pydantic import Field
 
-from ..errors import TAXONOMY, Category
+from jobfence import Category
 
 QUEUE = "purchase-orders.create"
 
@@ -43,7 +43,7 @@ TERMINAL = frozenset({State.COMPLETED, *RETRYABLE})
 
 def final_state(category: Category) -> State:
     """The request state a dead letter of ``category`` leaves (the taxonomy's final state)."""
-    return State(TAXONOMY[category].final_state)
+    return State(category.info.final_state)
 
 
 class Line(pydantic.BaseModel):

@@ -1,9 +1,9 @@
 """An ERP stand-in: a small HTTP server behaving like Oracle Fusion's purchase-order endpoint.
 
-Run it as its own process (``python -m jobfence.purchase_orders.erp --port 0`` prints the
-address it listens on). It issues client-credentials tokens that expire, creates purchase
-orders de-duplicated by ``requestId`` (as the real one would be configured to, seed 004 E6)
-and counts what it created. Switches (flags at start, or ``POST /_control`` while running):
+Run it as its own process (``python -m jobfence_examples.purchase_orders.erp --port 0``
+prints the address it listens on). It issues client-credentials tokens that expire, creates
+purchase orders de-duplicated by ``requestId`` (as the real one would be configured to, seed
+004 E6) and counts what it created. Switches (flags at start, or ``POST /_control`` while running):
 
 - ``latency_ms``: added to every order call
 - ``error_rate``: share of calls answered 503 *before* creating anything
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     """Serve the stand-in; print ``ERP stand-in listening on http://HOST:PORT`` once ready."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m jobfence.purchase_orders.erp")
+    parser = argparse.ArgumentParser(prog="python -m jobfence_examples.purchase_orders.erp")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
     for item in fields(Switches):
@@ -278,7 +278,7 @@ class ErpProcess:
         self.url = ""
 
     def start(self, timeout: float = 20.0) -> str:
-        args = [sys.executable, "-m", "jobfence.purchase_orders.erp", "--port", "0"]
+        args = [sys.executable, "-m", "jobfence_examples.purchase_orders.erp", "--port", "0"]
         for item in fields(Switches):
             args += [f"--{item.name.replace('_', '-')}", str(getattr(self.switches, item.name))]
         self.process = subprocess.Popen(
