@@ -1,0 +1,77 @@
+"""The shape of the tree, guarded (issue 11; docs/architecture.md). The import contracts
+themselves are `lint-imports` (pyproject.toml), run by scripts/check; these are the rules it
+cannot express."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import grimp
+
+from jobfence.sql import queries
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "jobfence"
+MAX_LINES = 600
+#: the doors: nothing in the library imports them
+DOORS = ("jobfence.cli", "jobfence.ops", "jobfence.http")
+#: named queries that exist on PostgreSQL only, and why
+POSTGRESQL_ONLY = {
+    "batch_ack": "group commit (PostgreSQL only)",
+    "batch_fence_and_ack": "group commit",
+    "requeue": "group commit",
+    "unfence": "group commit",
+    "copy_jobs": "binary COPY for bulk enqueue",
+    "fence_and_ack": "the fence and the ack in one statement (SQLite runs ack, then fence)",
+    "lend_begin": "the server-side transaction-boundary guards (SQLite: an authorizer)",
+    "lend_commit": "the server-side transaction-boundary guards",
+    "lend_commit_and_commit": "the server-side transaction-boundary guards",
+    "lock_migrations": "an advisory lock (SQLite's write lock serialises migrations)",
+    "notify_queues": "LISTEN/NOTIFY wake-ups",
+}
+SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
+
+
+def library_modules() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def test_no_module_passes_600_lines() -> None:
+    """A module that grows past 600 lines holds more than one concept: split it."""
+    long = {
+        str(path.relative_to(SRC)): n
+        for path in library_modules()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def _source_text() -> str:
+    return "\n".join(path.read_text(encoding="utf-8") for path in library_modules())
+
+
+def test_every_named_query_is_used() -> None:
+    """A named query nobody runs is dead SQL (or a typo in a caller)."""
+    text = _source_text()
+    names = set(queries("postgresql")) | set(queries("sqlite"))
+    unused = sorted(n for n in names if not re.search(rf"[\"']{n}[\"']", text))
+    assert unused == []
+
+
+def test_named_queries_exist_in_both_dialects_but_the_documented_ones() -> None:
+    postgresql, sqlite = set(queries("postgresql")), set(queries("sqlite"))
+    assert (postgresql - sqlite, sqlite - postgresql) == (set(POSTGRESQL_ONLY), set(SQLITE_ONLY))
+
+
+def test_the_doors_are_imported_by_nothing_in_the_library() -> None:
+    """The CLI, the ops API and the HTTP middleware sit on top: the library never imports
+    them (they import each other where one door serves another, e.g. `ops serve`)."""
+    graph = grimp.build_graph("jobfence", exclude_type_checking_imports=True)
+    offending = sorted(
+        (importer, imported)
+        for door in DOORS
+        for imported in graph.find_descendants(door) | {door}
+        for importer in graph.find_modules_that_directly_import(imported)
+        if not importer.startswith(DOORS) and importer != "jobfence"
+    )
+    assert offending == []
