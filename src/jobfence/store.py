@@ -99,16 +99,9 @@ class Store:
             await self._enqueue_in(own, params)
 
     async def _enqueue_in(self, tx: Tx, params: list[dict[str, Any]]) -> None:
-        from .db.postgres import PgTx
-
         if len(params) == 1:
             await tx.q("enqueue", params[0])
-        elif (
-            len(params) >= COPY_THRESHOLD
-            and isinstance(tx, PgTx)
-            and tx.can_copy
-            and not any(p["delay"] for p in params)
-        ):
+        elif len(params) >= COPY_THRESHOLD and tx.can_copy and not any(p["delay"] for p in params):
             rows = ((p["queue"], p["job_id"], p["correlation_id"], p["payload"]) for p in params)
             await tx.copy("copy_jobs", rows, ["text", "text", "text", "bytea"])
         else:

@@ -230,6 +230,16 @@ class Tx(ABC):
     async def script(self, sql: LiteralString) -> None:
         """Run several statements (migrations)."""
 
+    @property
+    def can_copy(self) -> bool:
+        """Whether :meth:`copy` is available (PostgreSQL, outside pipeline mode)."""
+        return False
+
+    async def copy(self, name: str, rows: Iterable[Sequence[Any]], types: Sequence[str]) -> None:
+        """Bulk-load ``rows`` with the named ``COPY … FROM STDIN`` statement (see
+        :attr:`can_copy`)."""
+        raise ConfigurationError(f"COPY is not available on {self.dialect}")
+
 
 class SyncTx:
     """The same transaction for a plain ``def`` handler running in a worker thread.
