@@ -265,10 +265,19 @@ async def test_sigterm_finishes_the_running_job_and_takes_nothing_new(
         assert await remaining(target) == 1
         proc = start_worker(target.env(tmp_path, lease=5.0), tmp_path / "w2.log")
         try:
+            # wait for the effect, not only an empty queue: a broker's count leaves out a
+            # message the worker holds unacked, and SIGTERM would hand an unstarted one back
+            await eventually(
+                lambda: _has_effect(target, "after-stop"), timeout=180, what="after-stop applied"
+            )
             await eventually(lambda: drained(target), timeout=180, what="second worker done")
         finally:
             assert stop_worker(proc) == 0
     assert await effects(target.database_url) == [("after-stop", 1), ("slow-2", 1)]
+
+
+async def _has_effect(target: Target, job_id: str) -> bool:
+    return job_id in {j for j, _ in await effects(target.database_url)}
 
 
 async def test_published_job_survives_a_new_app(target: Target) -> None:
