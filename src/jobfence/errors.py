@@ -4,6 +4,7 @@ The tree::
 
     JobfenceError                      root of everything jobfence raises
     ├── ConfigurationError             bad settings, bad URLs, bad policies (refused up front)
+    │   └── MissingExtra               an optional dependency is not installed (also ImportError)
     ├── DatabaseUnavailable            the database cannot be reached (retryable for jobs)
     ├── EnqueueError                   a job that cannot be enqueued (bad job_id, unknown queue…)
     ├── SchemaError                    the database is missing or behind its migrations
@@ -37,8 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -112,6 +115,34 @@ class JobfenceError(Exception):
 
 class ConfigurationError(JobfenceError):
     """Settings that jobfence refuses to run with; the message says what to fix."""
+
+
+class MissingExtra(ConfigurationError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra to install (``pip install 'jobfence[ops]'``). An :class:`ImportError` too, so that
+    importing a module that needs an extra fails as imports do."""
+
+
+@contextmanager
+def extra_needed(extra: str, feature: str) -> Iterator[None]:
+    """Turn an :class:`ImportError` raised inside into :class:`MissingExtra`, in one line:
+    ``{feature} needs jobfence[{extra}]: pip install 'jobfence[{extra}]' (…)``."""
+    try:
+        yield
+    except MissingExtra:
+        raise
+    except ImportError as exc:
+        raise MissingExtra(
+            f"{feature} needs jobfence[{extra}]: pip install 'jobfence[{extra}]' ({exc})"
+        ) from None
+
+
+def require_extra(extra: str, feature: str, *modules: str) -> None:
+    """:class:`MissingExtra` unless every module of ``modules`` imports (see
+    :func:`extra_needed`); a command calls it before it starts anything."""
+    with extra_needed(extra, feature):
+        for module in modules:
+            importlib.import_module(module)
 
 
 class DatabaseUnavailable(JobfenceError):

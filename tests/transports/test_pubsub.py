@@ -195,8 +195,7 @@ def test_without_the_extra_the_error_names_the_pip_command() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     assert out.startswith(
-        "ConfigurationError the pubsub transport needs its client library: "
-        "pip install 'jobfence[pubsub]'"
+        "MissingExtra the pubsub transport needs jobfence[pubsub]: pip install 'jobfence[pubsub]'"
     ), out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import require_extra
 from ._common import (
     console,
     database_option,
@@ -120,6 +121,7 @@ def demo_purchase_orders(
     POSTs with repeated keys and documents while the ERP fails; retries the failed requests as
     an operator; prints a summary with its checks.
     """
+    require_extra("ops", "jobfence demo purchase-orders", "fastapi", "uvicorn")
     from jobfence_examples.purchase_orders.demo import Scenario, run_demo
 
     from .. import logs

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .. import deadletters as service
 from ..app import DEFAULT_LEASE
+from ..errors import require_extra
 from ..fence import exposure as fence_exposure
 from ..retry import DEFAULT_POLICY
 from ._common import (
@@ -107,7 +108,12 @@ def cleanup(
 
 @main_group.group("ops")
 def ops_group() -> None:
-    """The ops HTTP API and its access tokens."""
+    """The ops HTTP API and its access tokens (pip install 'jobfence[ops]')."""
+
+
+def _needs_ops(*modules: str) -> None:
+    """One line naming the extra (no traceback) when jobfence[ops] is not installed."""
+    require_extra("ops", click.get_current_context().command_path, "fastapi", *modules)
 
 
 @ops_group.command("serve")
@@ -137,16 +143,24 @@ def ops_serve(
     log_level: str,
 ) -> None:
     """Serve the ops HTTP API (OpenAPI at /openapi.json, with a token)."""
+    _needs_ops("uvicorn")
     import uvicorn
 
     from ..ops.app import create_app
 
-    api = create_app(database_url, transport=transport, max_body=max_body)
-    server = uvicorn.Server(
-        uvicorn.Config(api, host=host, port=port, log_level=log_level, lifespan="on")
-    )
-    run(server.serve())
-    if not server.started:
+    async def go() -> bool:
+        # Open the App before uvicorn starts: an unreachable or unmigrated database is then
+        # a JobfenceError (one line from main()), not a failed lifespan's traceback.
+        # The lifespan closes it at shutdown (uvicorn re-raises SIGTERM after that).
+        async with _opened(database_url, transport) as app:
+            api = create_app(max_body=max_body, jobfence_app=app, close_app=True)
+            server = uvicorn.Server(
+                uvicorn.Config(api, host=host, port=port, log_level=log_level, lifespan="on")
+            )
+            await server.serve()
+            return bool(server.started)
+
+    if not run(go()):
         raise SystemExit(1)
 
 
@@ -168,6 +182,7 @@ def token_create(
     database_url: str | None, name: str, role: str, partner: str | None, expires_in: str, actor: str
 ) -> None:
     """Create a token and print it (only this once)."""
+    _needs_ops()
     from ..ops.auth import create_token
 
     expiry = None if expires_in == "never" else _span(expires_in, "--expires-in")
@@ -198,6 +213,7 @@ def token_create(
 @json_option
 def token_list(database_url: str | None, include_revoked: bool, as_json: bool) -> None:
     """Tokens (never their secret)."""
+    _needs_ops()
     from ..ops.auth import list_tokens
 
     async def go() -> list[dict[str, Any]]:
@@ -236,6 +252,7 @@ def token_list(database_url: str | None, include_revoked: bool, as_json: bool) -
 @actor_option
 def token_revoke(name: str, database_url: str | None, actor: str) -> None:
     """Revoke the active token called NAME."""
+    _needs_ops()
     from ..ops.auth import revoke_token
 
     who = service.Actor(actor, "cli")

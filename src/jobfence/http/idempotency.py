@@ -36,12 +36,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 from ..config import parse_database_url
 from ..db import Database, connect, to_datetime
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, extra_needed
+
+with extra_needed("ops", "jobfence.http (the idempotency middleware)"):
+    from starlette.requests import Request
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("jobfence.http")
 

@@ -4,3 +4,7 @@ FastAPI, started with ``jobfence ops serve``; :func:`jobfence.ops.app.create_app
 one router per resource (:mod:`jobfence.ops.routes`). Authentication lives in
 :mod:`jobfence.ops.auth`. This package needs ``jobfence[ops]``.
 """
+
+from ..errors import require_extra
+
+require_extra("ops", "jobfence.ops (the ops API)", "fastapi")

@@ -38,9 +38,13 @@ def create_app(
     transport: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     jobfence_app: App | None = None,
+    close_app: bool | None = None,
 ) -> FastAPI:
     """The ops API over the jobfence database at ``database_url`` (replays republish to
-    ``transport``, by default the database queue). Pass ``jobfence_app`` to reuse an app."""
+    ``transport``, by default the database queue). Pass ``jobfence_app`` to reuse an app
+    (opened already, so that start-up failures surface before the server starts); the
+    lifespan closes it at shutdown only with ``close_app=True`` (default: only its own)."""
+    closes = jobfence_app is None if close_app is None else close_app
     ops = OpsState(
         jobfence_app or App(database_url, transport=transport), f"ops:{default_holder()}"
     )
@@ -59,7 +63,7 @@ def create_app(
             for task in list(ops.runs.values()):
                 with contextlib.suppress(BaseException):
                     await task
-            if jobfence_app is None:
+            if closes:
                 await jf.close()
 
     api = FastAPI(

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ..db import Database, Tx
-from ..errors import Category, ConfigurationError, EnqueueError
+from ..errors import Category, ConfigurationError, EnqueueError, extra_needed
 from ..jobs import Delivery
 from ..store import OutgoingJob
 
@@ -163,13 +163,8 @@ def broker_from_url(url: str, *, lease: timedelta, worker_id: str) -> Transport:
         )
     target, extra = BROKERS[scheme]
     module_name, _, class_name = target.partition(":")
-    try:
+    with extra_needed(extra, f"the {extra} transport"):
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"the {extra} transport needs its client library: pip install 'jobfence[{extra}]' "
-            f"({exc})"
-        ) from None
     cls = getattr(module, class_name)
     transport: Transport = cls.from_url(url, lease=lease, worker_id=worker_id)
     return transport
