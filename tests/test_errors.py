@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import psycopg.errors
@@ -35,6 +37,79 @@ from jobfence.errors import TAXONOMY, Category, DatabaseUnavailable, RetryMode, 
     ],
 )
 def test_classify(exc: BaseException, category: Category) -> None:
+    assert classify(exc) is category
+
+
+def _sqlite_error(sql: str) -> sqlite3.OperationalError:
+    """The error SQLite itself raises for ``sql`` on a database with a table t(x)."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (x)")
+    try:
+        db.execute(sql)
+    except sqlite3.OperationalError as exc:
+        return exc
+    finally:
+        db.close()
+    raise AssertionError(f"{sql!r} did not fail")
+
+
+def _sqlite_busy(tmp_path: Path) -> sqlite3.OperationalError:
+    """SQLITE_BUSY: another connection holds the write lock (no busy timeout)."""
+    holder = sqlite3.connect(tmp_path / "busy.db", isolation_level=None)
+    other = sqlite3.connect(tmp_path / "busy.db", timeout=0, isolation_level=None)
+    try:
+        holder.execute("CREATE TABLE t (x)")
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            other.execute("INSERT INTO t VALUES (1)")
+        except sqlite3.OperationalError as exc:
+            return exc
+        raise AssertionError("the second writer was not refused")
+    finally:
+        other.close()
+        holder.close()
+
+
+def _sqlite_table_locked() -> sqlite3.OperationalError:
+    """SQLITE_LOCKED: the table is being read by an open statement of the same connection."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.execute("CREATE TABLE t (x)")
+        db.executemany("INSERT INTO t VALUES (?)", [(1,), (2,)])
+        reading = db.execute("SELECT x FROM t")
+        reading.fetchone()
+        try:
+            db.execute("DROP TABLE t")
+        except sqlite3.OperationalError as exc:
+            return exc
+        raise AssertionError("the table was dropped under an open statement")
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "message", "category"),
+    [
+        (_sqlite_busy, "database is locked", Category.TEMPORARY_ERROR),
+        (lambda _: _sqlite_table_locked(), "database table is locked", Category.TEMPORARY_ERROR),
+        (
+            lambda _: sqlite3.OperationalError("disk I/O error"),
+            "disk I/O",
+            Category.TEMPORARY_ERROR,
+        ),
+        (lambda _: _sqlite_error("SELEC 1"), "syntax error", Category.TECHNICAL_ERROR),
+        (lambda _: _sqlite_error("SELECT * FROM nope"), "no such table", Category.TECHNICAL_ERROR),
+        (lambda _: _sqlite_error("SELECT nope FROM t"), "no such column", Category.TECHNICAL_ERROR),
+    ],
+)
+def test_sqlite_errors_are_classified_as_postgresql_errors_are(
+    make: Any, message: str, category: Category, tmp_path: Path
+) -> None:
+    """Busy, locked and I/O errors are transient; SQL the database cannot run is a
+    programming error (TECHNICAL: limited retries), though sqlite3 raises OperationalError
+    for both."""
+    exc = make(tmp_path)
+    assert message in str(exc)
     assert classify(exc) is category
 
 

@@ -178,3 +178,29 @@ async def test_retry_control_flow_uses_the_requested_delay(database_url: str) ->
 
 def _parse(iso: str) -> datetime:
     return datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+async def test_a_sqlite_syntax_error_is_technical_not_temporary(sqlite_database: str) -> None:
+    """sqlite3 raises OperationalError for SQL it cannot run as for a locked database; a
+    handler's syntax error is a programming error: TECHNICAL_ERROR, 1 + 2 attempts, then a
+    dead letter (not the 1 + 5 a transient lock would get)."""
+    observer = Retries()
+    app = App(sqlite_database, auto_migrate=True, observers=[observer])
+    attempts: list[int] = []
+
+    @app.consumer("q", retry=FAST)
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        attempts.append(job.attempt)
+        await tx.execute("SELEC 1")
+
+    async with app:
+        await app.enqueue("q", {}, job_id="j")
+        async with RunningWorker(app):
+            letters = await eventually(lambda: deadletters.letters(app.db), what="dead letter")
+    assert attempts == [1, 2, 3]
+    assert observer.seen == [("j", 1, Category.TECHNICAL_ERROR), ("j", 2, Category.TECHNICAL_ERROR)]
+    assert (letters[0].error_category, letters[0].error_code) == (
+        "TECHNICAL_ERROR",
+        "OperationalError",
+    )
+    assert "syntax error" in letters[0].last_error

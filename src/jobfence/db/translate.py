@@ -26,12 +26,30 @@ _TEMPORARY_PG: tuple[type[BaseException], ...] = (
 )
 
 
+#: SQLite's primary result codes for "could not do it now": SQLITE_BUSY, SQLITE_LOCKED,
+#: SQLITE_IOERR (extended codes keep the primary code in their low byte)
+_TEMPORARY_SQLITE_CODES = frozenset({5, 6, 10})
+#: the same, by message, for an error that carries no result code
+_TEMPORARY_SQLITE_MESSAGES = ("database is locked", "database table is locked", "disk i/o error")
+
+
+def _sqlite_is_transient(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in _TEMPORARY_SQLITE_CODES
+    text = str(exc).lower()
+    return any(m in text for m in _TEMPORARY_SQLITE_MESSAGES)
+
+
 def classify_driver_error(exc: BaseException) -> Category | None:
-    """TEMPORARY_ERROR for what a driver raises when the store could not do it *now*."""
+    """TEMPORARY_ERROR for what a driver raises when the store could not do it *now*.
+
+    sqlite3 raises OperationalError both for a busy or locked database and for SQL it cannot
+    run (syntax error, no such table or column): only the first is transient; the others are
+    left to the default, TECHNICAL_ERROR (limited retries), as PostgreSQL's are."""
     if isinstance(exc, _TEMPORARY_PG):
         return Category.TEMPORARY_ERROR
-    if isinstance(exc, sqlite3.OperationalError):
-        # "database is locked", "disk I/O error": the store could not do it now.
+    if isinstance(exc, sqlite3.Error) and _sqlite_is_transient(exc):
         return Category.TEMPORARY_ERROR
     return None
 
