@@ -56,6 +56,8 @@ MAX_REASON = 4000
 MAX_ID = 2**63 - 1
 
 STATUSES = ("pending_review", "replayed", "discarded")
+#: the status filter that means any status (what `jobfence dead-letters list --status all` takes)
+ALL_STATUSES = "all"
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class Filter:
     since: datetime | None = None
     until: datetime | None = None
     ids: tuple[int, ...] | None = None
-    status: str | None = None  # for listing; a bulk replay takes pending letters only
+    status: str | None = None  # for listing ("all": any); a bulk replay takes pending only
 
     def check(self) -> Filter:
         """Validate; raise :class:`InvalidRequest` saying what is wrong."""
@@ -96,8 +98,12 @@ class Filter:
                 f"unknown category {self.category!r}; one of: "
                 + ", ".join(c.value for c in Category)
             )
-        if self.status is not None and self.status not in STATUSES:
-            raise InvalidRequest(f"unknown status {self.status!r}; one of: {', '.join(STATUSES)}")
+        status = None if self.status == ALL_STATUSES else self.status
+        if status is not None and status not in STATUSES:
+            raise InvalidRequest(
+                f"unknown status {self.status!r}; one of: {', '.join(STATUSES)}, "
+                f"or {ALL_STATUSES} for any"
+            )
         for name in ("queue", "consumer", "job_id", "error"):
             value = getattr(self, name)
             if value is not None and (not value or len(value) > 500 or "\x00" in value):
@@ -111,7 +117,7 @@ class Filter:
             raise InvalidRequest(
                 f"ids must be at most {MAX_IDS} letter ids, each from 1 to {MAX_ID}"
             )
-        return replace(self, since=since, until=until)
+        return replace(self, since=since, until=until, status=status)
 
     @property
     def is_empty(self) -> bool:

@@ -488,3 +488,28 @@ async def test_a_value_the_database_refuses_is_a_422_problem(ops: OpsServer) -> 
         assert "out of range or malformed" in r.json()["detail"]
     else:
         assert (r.status_code, r.json()) == (200, {"items": [], "next_cursor": None})
+
+
+async def test_status_all_lists_every_status_as_the_cli_does(ops: OpsServer) -> None:
+    """status=all (what `jobfence dead-letters list --status all` takes) means no status filter;
+    an unknown status is a 422 that names `all` among the choices."""
+    d = dialect(ops.database_url)
+    kept, dropped = await seed_letters(
+        ops.database_url, [letter_params(d, "s-1"), letter_params(d, "s-2")]
+    )
+    async with ops.client(ops.tokens.operator) as olga:
+        discarded = await olga.post(
+            f"/v1/dead-letters/{dropped}/discard", json={"reason": "duplicate of s-1"}
+        )
+        every = await olga.get("/v1/dead-letters", params={"status": "all"})
+        pending = await olga.get("/v1/dead-letters", params={"status": "pending_review"})
+        bogus = await olga.get("/v1/dead-letters", params={"status": "everything"})
+    assert discarded.status_code == 200, discarded.text
+    assert every.status_code == 200, every.text
+    assert [(x["id"], x["status"]) for x in every.json()["items"]] == [
+        (dropped, "discarded"),
+        (kept, "pending_review"),
+    ]
+    assert [x["id"] for x in pending.json()["items"]] == [kept]
+    assert bogus.status_code == 422
+    assert "all" in bogus.text

@@ -31,7 +31,9 @@ router = APIRouter(tags=["dead letters"])
 @router.get("/v1/dead-letters", response_model=models.LetterPage)
 async def list_letters(
     who: Principal = VIEWER,
-    status: str | None = Query(None, description="pending_review, replayed or discarded"),
+    status: str | None = Query(
+        None, description="pending_review, replayed, discarded, or all (the default: any)"
+    ),
     queue: str | None = None,
     consumer: str | None = None,
     category: str | None = None,
