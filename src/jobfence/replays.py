@@ -412,9 +412,12 @@ async def run_replay(
     batch_size: int = DEFAULT_BATCH,
     on_progress: Progress | None = None,
     runner: str | None = None,
+    reason: str | None = None,
 ) -> ReplayStatus:
-    """Confirm and run a previewed bulk replay to the end (what the CLI does)."""
+    """Confirm and run a previewed bulk replay to the end (what the CLI does); ``reason`` is
+    kept on each letter and in the audit log (default: "bulk replay N")."""
 
+    why = _reason(reason, required=False)  # refused before the replay is started
     who = runner or default_holder()
     await start_replay(db, replay_id, actor=actor, expected_total=expected_total, runner=who)
     return await execute_replay(
@@ -426,4 +429,5 @@ async def run_replay(
         rate=rate,
         batch_size=batch_size,
         on_progress=on_progress,
+        reason=why,
     )

@@ -15,6 +15,7 @@ from jobfence.cli import main
 from jobfence.ops.auth import authenticate
 
 from ..helpers import query, table
+from ..test_cli import jf
 from .conftest import letter_params, opened, seed_letters
 
 
@@ -181,7 +182,7 @@ def test_a_bulk_replay_asks_before_it_acts(
         "--database-url",
         url,
     )
-    assert declined[0] == 130
+    assert (declined[0], declined[2]) == (1, "not confirmed: nothing was replayed\n")
     assert "bulk replay" in declined[1]
     assert "3 pending letters" in declined[1]
     assert refused[0] == 2
@@ -284,3 +285,92 @@ def test_ids_beyond_int64_are_one_clear_line(
     assert audited[0] == 1
     assert audited[2].startswith("jobfence: error: dead_letter_id must be a whole number")
     assert len(audited[2].splitlines()) == 1
+
+
+# -- issue 12 §8: the real `jobfence` command in a subprocess -----------------------------------
+
+
+def test_a_bulk_replay_keeps_its_reason(database_url: str) -> None:
+    """--reason of a bulk replay is kept on the letters and in the audit log, not replaced by
+    "bulk replay N"."""
+    url = database_url
+    ids = seed(url, "r-1", "r-2", queue="erp.send")
+    why = "ERP back after the 503 storm, OPS-7"
+    ran = jf(
+        "dead-letters",
+        "replay",
+        "--queue",
+        "erp.send",
+        "--yes",
+        "--expect",
+        "2",
+        "--rate",
+        "0",
+        "--reason",
+        why,
+        "--json",
+        "--database-url",
+        url,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["counts"] == {"published": 2}
+    listed = jf("dead-letters", "list", "--status", "all", "--json", "--database-url", url)
+    reasons = {x["id"]: x["review_reason"] for x in map(json.loads, listed.stdout.splitlines())}
+    assert reasons == {ids[0]: why, ids[1]: why}
+    audit = jf("dead-letters", "audit", "--json", "--database-url", url)
+    per_letter = [
+        e["reason"] for e in map(json.loads, audit.stdout.splitlines()) if e["dead_letter_id"]
+    ]
+    assert per_letter == [why, why]
+
+
+def test_answering_no_is_exit_1_not_an_interrupt(database_url: str) -> None:
+    """Declining the confirmation is not Ctrl-C: exit 1 (130 means SIGINT) with one line;
+    nothing is replayed."""
+    url = database_url
+    seed(url, "n-1", "n-2", queue="erp.send")
+    declined = jf(
+        "dead-letters", "replay", "--queue", "erp.send", "--database-url", url, input="n\n"
+    )
+    assert declined.returncode == 1, declined.stderr
+    assert declined.stderr == "not confirmed: nothing was replayed\n"
+    jobs = asyncio.run(query(url, f"SELECT job_id FROM {table(url, 'jobs')}"))
+    assert jobs == []
+
+
+def test_list_shows_the_replay_chain(database_url: str) -> None:
+    """The table has the runbook's "replay of" column (``previous_id``), as --json has."""
+    url = database_url
+    [first] = seed(url, "c-1")
+    replayed = jf("dead-letters", "replay", str(first), "--database-url", url)
+    assert replayed.returncode == 0, replayed.stderr
+    [again] = seed(url, "c-1")  # the replayed job failed again
+    table_out = jf(
+        "dead-letters", "list", "--status", "all", "--database-url", url, env={"COLUMNS": "250"}
+    )
+    assert table_out.returncode == 0, table_out.stderr
+    header = next(line for line in table_out.stdout.splitlines() if "job_id" in line)
+    assert [c.strip() for c in header.strip("┃").split("┃")][-1] == "replay of"
+    rows = {
+        cells[0]: cells[-1]
+        for line in table_out.stdout.splitlines()
+        if line.startswith("│")
+        for cells in [[c.strip() for c in line.strip("│").split("│")]]
+    }
+    assert rows == {str(again): str(first), str(first): "-"}
+    as_json = jf("dead-letters", "list", "--status", "all", "--json", "--database-url", url)
+    listed = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [(x["id"], x["previous_id"]) for x in listed] == [(again, first), (first, None)]
+
+
+def test_list_json_leaves_history_to_show(database_url: str) -> None:
+    """`list --json` has no "history" key (a list leaves the attempts to `show`) rather than
+    an empty list for a letter that has attempts; `show --json` has them."""
+    url = database_url
+    [letter] = seed(url, "h-1")
+    as_json = jf("dead-letters", "list", "--json", "--database-url", url)
+    [listed] = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert listed["id"] == letter
+    assert "history" not in listed
+    shown = jf("dead-letters", "show", str(letter), "--json", "--database-url", url)
+    assert [a["attempt"] for a in json.loads(shown.stdout)["history"]] == [6]

@@ -10,7 +10,7 @@ import click
 
 from ..errors import JobfenceError
 from . import deadletters, demo, jobs, operations, outbox  # noqa: F401  (they add their commands)
-from ._common import err_console, main_group
+from ._common import NotConfirmed, err_console, main_group
 
 __all__ = ["main", "main_group"]
 
@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``jobfence`` console script."""
     try:
         main_group.main(args=argv, prog_name="jobfence", standalone_mode=False)
+    except NotConfirmed as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(1) from None
     except click.exceptions.Abort:
         err_console.print("aborted")
         raise SystemExit(130) from None

@@ -30,6 +30,18 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+class NotConfirmed(Exception):
+    """The operator answered no at a confirmation: exit 1 with this one line (not 130, which
+    says Ctrl-C)."""
+
+
+async def confirm(question: str, *, declined: str) -> None:
+    """Ask ``question``; raise :class:`NotConfirmed` (``declined`` names what was not done)
+    unless the answer is yes. Ctrl-C or end of input at the prompt stays an abort (130)."""
+    if not await asyncio.to_thread(click.confirm, question):
+        raise NotConfirmed(f"not confirmed: {declined}")
+
+
 def database_option(func: F) -> F:
     return click.option(
         "--database-url",

@@ -7,7 +7,6 @@ Readable tables for people; ``--json`` for scripts. Actions are recorded in the 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from ._common import (
     _opened,
     _ts,
     actor_option,
+    confirm,
     console,
     database_option,
     dead_letters,
@@ -78,13 +78,25 @@ def list_dead_letters(
     letters = run(go())
     if as_json:
         for letter in letters:
-            click.echo(json.dumps(letter.summary(), ensure_ascii=False))
+            data = letter.summary()
+            del data["history"]  # a list does not read the attempts: see `show`
+            click.echo(json.dumps(data, ensure_ascii=False))
         return
     if not letters:
         console.print(f"no dead letters ({status}) in {app.url.display}")
         return
     table = Table(title=f"dead letters ({status}) — {app.url.display}")
-    for column in ("id", "failed at", "queue", "job_id", "category", "attempts", "error", "status"):
+    for column in (
+        "id",
+        "failed at",
+        "queue",
+        "job_id",
+        "category",
+        "attempts",
+        "error",
+        "status",
+        "replay of",
+    ):
         table.add_column(column, overflow="fold")
     for letter in letters:
         table.add_row(
@@ -96,6 +108,7 @@ def list_dead_letters(
             str(letter.attempts),
             letter.last_error[:120],
             letter.status,
+            str(letter.previous_id) if letter.previous_id else "-",
         )
     console.print(table)
 
@@ -358,8 +371,8 @@ def replay(
             replay_id = resume_id if resume_id is not None else preview.replay_id
             if expect is not None and expect != total:
                 raise ReviewConflict(f"the snapshot has {total} letters, not the {expect} expected")
-            if not yes and not await asyncio.to_thread(click.confirm, question):
-                raise click.exceptions.Abort
+            if not yes:
+                await confirm(question, declined="nothing was replayed")
             progress, update = _progress_runner(as_json)
             with progress or contextlib.nullcontext():
                 return await replays.run_replay(
@@ -370,6 +383,7 @@ def replay(
                     expected_total=total,
                     rate=rate or None,
                     on_progress=update,
+                    reason=reason,
                 )
 
     status = run(go())

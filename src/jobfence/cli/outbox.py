@@ -19,7 +19,7 @@ from rich.table import Table
 from .. import outbox
 from ..errors import ReviewConflict
 from ..relay import Relay
-from ._common import console, database_option, load_app, main_group, run, transport_option
+from ._common import confirm, console, database_option, load_app, main_group, run, transport_option
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -287,8 +287,8 @@ def redrive(
                     + f", not the {expect} expected; preview again (without --yes) to see them"
                 )
             question = f"Re-drive these {preview.total} events?"
-            if not yes and not await asyncio.to_thread(click.confirm, question):
-                raise click.exceptions.Abort
+            if not yes:
+                await confirm(question, declined="nothing was re-driven")
             return await outbox.redrive(
                 app.db,
                 actor=who,
