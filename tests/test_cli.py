@@ -171,7 +171,7 @@ def test_worker_processes_then_dead_letters_are_listed(
         (["worker", "x:y", "--concurrency", "0"], "0 is not in the range 1<=x<=1000"),
         (["worker", "x:y", "--concurency", "3"], "No such option '--concurency'"),
         (["worker", "x:y", "--batch-size", "65"], "65 is not in the range 1<=x<=64"),
-        (["worker", "x:y", "--batch-window", "-1"], "-1.0 is not in the range 0<=x<=60"),
+        (["worker", "x:y", "--batch-window", "-1"], "'-1' is not a duration"),
         (["enqueue", "q", "--payload", "{nope"], "not valid JSON"),
         (["enqueue", "q", "--payload", "{}", "--job-id", ""], "job_id must not be empty"),
         (["dead-letters", "list", "--category", "OOPS"], "'OOPS' is not one of"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -10,7 +11,7 @@ from typing import Any, TypeVar
 
 from . import fence
 from .codec import Decoder, Schema, encode
-from .config import DEFAULT_BATCH_WINDOW, DatabaseURL, parse_database_url
+from .config import DEFAULT_BATCH_WINDOW, DatabaseURL, check_schema_name, parse_database_url
 from .db import Database, SyncTx, Tx, connect, current_tx
 from .db.adopt import adopt, connect_sync
 from .errors import ConfigurationError, EnqueueError
@@ -74,7 +75,8 @@ class App:
 
     ``database_url`` holds the fence and dead letters (and, by default, the queue):
     ``postgresql://…`` or ``sqlite:///file.db``; default ``$JOBFENCE_DATABASE_URL`` or
-    ``sqlite:///jobfence.db``. ``transport`` is another queue (a URL or a
+    ``sqlite:///jobfence.db``. ``schema`` is the PostgreSQL schema of jobfence's tables
+    (default ``$JOBFENCE_SCHEMA``, else ``core``). ``transport`` is another queue (a URL or a
     :class:`~jobfence.transports.Transport`); by default the queue is a table next to the
     fence, and acks commit with the work. ``maintenance`` sets what workers do in the
     background: fence cleanup, alert delivery (:class:`~jobfence.maintenance.Maintenance`).
@@ -84,6 +86,7 @@ class App:
         self,
         database_url: str | None = None,
         *,
+        schema: str | None = None,
         transport: str | Transport | None = None,
         fence_ttl: timedelta = DEFAULT_FENCE_TTL,
         lease: timedelta = DEFAULT_LEASE,
@@ -92,7 +95,7 @@ class App:
         observers: Sequence[Observer] = (),
         maintenance: Maintenance | None = None,
     ) -> None:
-        self.url: DatabaseURL = parse_database_url(database_url)
+        self.url: DatabaseURL = parse_database_url(database_url, schema)
         if lease <= timedelta(0):
             raise ConfigurationError("lease must be a positive duration")
         if payload_limit < 1024:
@@ -118,12 +121,18 @@ class App:
             self.use_transport(transport)
         self._check_ttl()
 
-    def use_database(self, database_url: str) -> None:
-        """Point a not-yet-open app at another database (what ``worker --database-url`` does)."""
+    def use_database(self, database_url: str | None, *, schema: str | None = None) -> None:
+        """Point a not-yet-open app at another database and/or schema (what ``--database-url``
+        and ``--schema`` do to an app given with ``--app``)."""
         if self.is_open:
             raise ConfigurationError("cannot change the database of an open app")
-        self.url = parse_database_url(database_url)
-        self.auto_migrate = self.url.dialect == "sqlite"
+        if database_url is not None:
+            self.url = parse_database_url(database_url, schema)
+            self.auto_migrate = self.url.dialect == "sqlite"
+        elif schema is not None and schema != self.url.schema:
+            if self.url.dialect != "postgresql":
+                parse_database_url(self.url.display, schema)  # raises: SQLite has no schemas
+            self.url = dataclasses.replace(self.url, schema=check_schema_name(schema))
 
     def use_transport(self, transport: str | Transport) -> None:
         """Set the queue: a broker URL (amqp://, nats://, redis://), another database URL, or
@@ -379,9 +388,13 @@ class App:
             )
         return Store(connect(self.url))
 
-    @staticmethod
-    def _as_tx(connection: Any) -> Tx:
-        return adopt(connection, doing="enqueue", sync_way="app.enqueue_sync(..., connection=tx)")
+    def _as_tx(self, connection: Any) -> Tx:
+        return adopt(
+            connection,
+            doing="enqueue",
+            sync_way="app.enqueue_sync(..., connection=tx)",
+            schema=self.url.schema,
+        )
 
     def enqueue_sync(
         self,

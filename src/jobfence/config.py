@@ -8,10 +8,11 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigurationError
-from .sql import Dialect
+from .sql import DEFAULT_SCHEMA, SCHEMA_NAME, Dialect
 
 ENV_DATABASE_URL = "JOBFENCE_DATABASE_URL"
 ENV_TRANSPORT_URL = "JOBFENCE_TRANSPORT"
+ENV_SCHEMA = "JOBFENCE_SCHEMA"
 DEFAULT_DATABASE_URL = "sqlite:///jobfence.db"
 
 #: jobs per group-commit transaction at most: one savepoint each, and PostgreSQL keeps the
@@ -33,6 +34,8 @@ class DatabaseURL:
     dialect: Dialect
     target: str
     display: str
+    #: the PostgreSQL schema that holds jobfence's tables (SQLite: always the default)
+    schema: str = DEFAULT_SCHEMA
 
     @property
     def path(self) -> Path:
@@ -54,8 +57,30 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
 
 
-def parse_database_url(url: str | None) -> DatabaseURL:
-    """Parse ``postgresql://…`` or ``sqlite:///…``; raise ConfigurationError saying what to fix."""
+def check_schema_name(schema: str) -> str:
+    """``schema`` if jobfence can use it as its PostgreSQL schema; else ConfigurationError."""
+    if not isinstance(schema, str) or not SCHEMA_NAME.match(schema):
+        raise ConfigurationError(
+            f"schema name {schema!r} is not usable: lower-case letters, digits and _, at most "
+            "63, not starting with a digit (e.g. jobfence or acme_jobs)"
+        )
+    return schema
+
+
+def env_schema() -> str:
+    """The PostgreSQL schema from ``$JOBFENCE_SCHEMA``, else ``core``."""
+    return check_schema_name(os.environ.get(ENV_SCHEMA) or DEFAULT_SCHEMA)
+
+
+def parse_database_url(url: str | None, schema: str | None = None) -> DatabaseURL:
+    """Parse ``postgresql://…`` or ``sqlite:///…``; raise ConfigurationError saying what to fix.
+
+    ``schema`` places jobfence's tables on PostgreSQL (default ``$JOBFENCE_SCHEMA``, else
+    ``core``). SQLite has no schemas: a schema given here is refused, the environment's is
+    ignored (a SQLite file is its own namespace).
+    """
+    if schema is not None:
+        check_schema_name(schema)
     if url is None:
         url = os.environ.get(ENV_DATABASE_URL) or DEFAULT_DATABASE_URL
     if not isinstance(url, str) or not url.strip():
@@ -76,7 +101,8 @@ def parse_database_url(url: str | None) -> DatabaseURL:
                 f"PostgreSQL URL {redact(url)!r} names no database; add /dbname at the end"
             )
         target = urlunsplit(parts._replace(scheme="postgresql"))
-        return DatabaseURL("postgresql", target, redact(url))
+        placed = schema or env_schema()
+        return DatabaseURL("postgresql", target, redact(url), placed)
     if scheme == "sqlite":
         if not rest.startswith("/"):
             raise ConfigurationError(
@@ -90,6 +116,11 @@ def parse_database_url(url: str | None) -> DatabaseURL:
             raise ConfigurationError(
                 "SQLite URL must name a file (sqlite:///jobs.db): an in-memory database cannot "
                 "be shared by the worker's connections"
+            )
+        if schema not in (None, DEFAULT_SCHEMA):
+            raise ConfigurationError(
+                f"SQLite has no schemas (a file is its own namespace): drop the schema "
+                f"{schema!r}, or use another file for another set of jobfence tables"
             )
         return DatabaseURL("sqlite", path, url)
     raise ConfigurationError(f"unsupported database URL scheme {scheme!r}; expected {_ACCEPTED}")

@@ -49,7 +49,7 @@ ItemOutcome = Literal["published", "already_applied", "not_pending", "truncated"
 #: every item outcome of a replay, in report order (the CLI, the ops API and docs use these)
 ITEM_OUTCOMES: tuple[ItemOutcome, ...] = get_args(ItemOutcome)
 
-MAX_PAGE = 200
+MAX_PAGE = 1000
 MAX_IDS = 10_000
 MAX_REASON = 4000
 #: The largest id or cursor the stores hold (PostgreSQL bigint, SQLite INTEGER).

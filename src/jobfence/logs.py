@@ -154,3 +154,14 @@ def configure(level: str = "INFO", fmt: str = "console") -> None:
         library.handlers[:] = [foreign]
         library.setLevel(level.upper())
         library.propagate = False
+
+
+def adopt_loggers(*names: str, level: str = "INFO") -> None:
+    """Show other libraries' records (uvicorn's under ``ops serve``) in jobfence's format and
+    level; call after :func:`configure`."""
+    handlers = list(logging.getLogger("jobfence").handlers)
+    for name in names:
+        library = logging.getLogger(name)
+        library.handlers[:] = handlers
+        library.setLevel(level.upper())
+        library.propagate = False

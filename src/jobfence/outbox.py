@@ -95,6 +95,7 @@ async def write(
     event_id: str | None = None,
     key: str | None = None,
     correlation_id: str | None = None,
+    schema: str | None = None,
 ) -> str:
     """Write one event in the caller's open transaction; return its event id.
 
@@ -103,10 +104,16 @@ async def write(
     a transaction the caller commits. ``event_id`` defaults to a new UUID; it becomes the
     job_id the consumer fences on. ``key`` orders events: events with one key are published in
     the order they were written. Raises :class:`~jobfence.errors.EnqueueError` for a bad event
-    or an event id already in the outbox (without aborting the transaction).
+    or an event id already in the outbox (without aborting the transaction). ``schema``:
+    where jobfence's tables are on PostgreSQL (default ``$JOBFENCE_SCHEMA``, else ``core``).
     """
     params = _event(queue, payload, event_id, key, correlation_id)
-    tx = adopt(connection, doing="write an outbox event", sync_way="outbox.write_sync(tx, ...)")
+    tx = adopt(
+        connection,
+        doing="write an outbox event",
+        sync_way="outbox.write_sync(tx, ...)",
+        schema=schema,
+    )
     if not await tx.q("outbox_write", params):
         raise _duplicate(params["event_id"])
     return str(params["event_id"])
@@ -120,11 +127,13 @@ def write_sync(
     event_id: str | None = None,
     key: str | None = None,
     correlation_id: str | None = None,
+    schema: str | None = None,
 ) -> str:
     """:func:`write` for synchronous code: a psycopg ``Connection``, an ``sqlite3.Connection``
     or a plain ``def`` handler's ``tx``, inside a transaction the caller commits."""
     params = _event(queue, payload, event_id, key, correlation_id)
-    rows = SyncConnection(connection, doing="write an outbox event").run("outbox_write", params)
+    adopted = SyncConnection(connection, doing="write an outbox event", schema=schema)
+    rows = adopted.run("outbox_write", params)
     if not rows:
         raise _duplicate(params["event_id"])
     return str(params["event_id"])

@@ -14,7 +14,7 @@ from typing import Any
 from .db import Database, Tx
 from .db.adopt import SyncConnection
 from .errors import SchemaError
-from .sql import Dialect, migrations
+from .sql import DEFAULT_SCHEMA, Dialect, migrations
 
 #: from this many jobs on, a bulk enqueue on PostgreSQL uses COPY instead of batched INSERTs
 COPY_THRESHOLD = 64
@@ -57,7 +57,7 @@ class Store:
                 await tx.q("lock_migrations")
             await tx.script(self.db.sql["create_migrations_table"])
             done = {row["version"] for row in await tx.q("applied_migrations")}
-            for migration in migrations(self.dialect):
+            for migration in migrations(self.dialect, self.db.url.schema):
                 if migration.version in done:
                     continue
                 await tx.script(migration.sql)
@@ -76,11 +76,16 @@ class Store:
 
     async def check_schema(self) -> None:
         have = await self.schema_version()
-        need = len(migrations(self.dialect))
+        need = len(migrations(self.dialect, self.db.url.schema))
         if have < need:
             raise SchemaError(
                 f"the database {self.db.display} is at schema version {have}, this jobfence "
-                f"needs {need}: run `jobfence migrate --database-url {self.db.display}`"
+                f"needs {need}: run `jobfence migrate --database-url {self.db.display}"
+                + (
+                    f" --schema {self.db.url.schema}`"
+                    if self.db.url.schema != DEFAULT_SCHEMA
+                    else "`"
+                )
             )
         if have > need:
             raise SchemaError(
@@ -110,5 +115,7 @@ class Store:
     def enqueue_sync(self, conn: Any, jobs: Sequence[OutgoingJob]) -> None:
         """Enqueue on a caller's *sync* connection (psycopg ``Connection`` or ``sqlite3``),
         inside whatever transaction the caller has open; the caller commits."""
-        adopted = SyncConnection(conn, doing="enqueue", dialect=self.dialect)
+        adopted = SyncConnection(
+            conn, doing="enqueue", dialect=self.dialect, schema=self.db.url.schema
+        )
         adopted.run_many("enqueue", [job.params() for job in jobs])

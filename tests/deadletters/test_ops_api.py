@@ -8,6 +8,8 @@ import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
+from jobfence.deadletters import MAX_PAGE
+
 from ..helpers import eventually, query, table
 from .conftest import OpsServer, letter_params, seed_letters
 
@@ -257,11 +259,12 @@ async def test_show_gives_payload_attempts_error_and_correlation_id(ops: OpsServ
 
 
 async def test_lists_page_with_a_cursor_and_a_capped_page_size(ops: OpsServer) -> None:
-    """limit over 200 → 422; pages of 2 walk all letters newest first; filters apply."""
+    """limit over MAX_PAGE (the CLI's --limit cap too) → 422; pages of 2 walk all letters
+    newest first; filters apply."""
     d = dialect(ops.database_url)
     ids = await seed_letters(ops.database_url, [letter_params(d, f"j-{i}") for i in range(5)])
     async with ops.client(ops.tokens.viewer) as vera:
-        too_big = await vera.get("/v1/dead-letters", params={"limit": 201})
+        too_big = await vera.get("/v1/dead-letters", params={"limit": MAX_PAGE + 1})
         seen, cursor = [], None
         while True:
             params: dict[str, Any] = {"limit": 2}

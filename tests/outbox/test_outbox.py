@@ -337,7 +337,7 @@ async def test_transport_down_five_attempts_then_failed_retry_then_redrive_deliv
                 pg_database,
                 "--reason",
                 "queue back after outage",
-                "--by",
+                "--actor",
                 "ops-alice",
             ],
             capture_output=True,

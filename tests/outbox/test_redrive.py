@@ -215,7 +215,7 @@ def test_cli_redrive_all_shows_the_count_and_asks_first(database_url: str) -> No
     """`outbox redrive --all` previews (count per queue, a sample) and asks; "no" changes
     nothing; --yes with a wrong --expect is refused in one line; --yes re-drives them."""
     asyncio.run(seed_events(database_url))
-    common = ["--database-url", database_url, "--reason", "broker back", "--by", "ops-cli"]
+    common = ["--database-url", database_url, "--reason", "broker back", "--actor", "ops-cli"]
     declined = jobfence("outbox", "redrive", "--all", "--queue", "q.a", *common, stdin="n\n")
     after_no = asyncio.run(states(database_url))
     pinned = jobfence("outbox", "redrive", "--all", "--yes", "--expect", "5", *common)

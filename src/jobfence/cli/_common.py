@@ -21,7 +21,7 @@ from rich.console import Console
 
 from .. import letters
 from ..app import App
-from ..config import ENV_DATABASE_URL, ENV_TRANSPORT_URL
+from ..config import ENV_DATABASE_URL, ENV_SCHEMA, ENV_TRANSPORT_URL
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -42,14 +42,96 @@ async def confirm(question: str, *, declined: str) -> None:
         raise NotConfirmed(f"not confirmed: {declined}")
 
 
+ENV_APP = "JOBFENCE_APP"
+
+NO_DATABASE = (
+    "no database given: pass --database-url (postgresql://… or sqlite:///file.db), set "
+    f"{ENV_DATABASE_URL}, or name your app with --app myapp:app (or {ENV_APP}) to use its "
+    "database"
+)
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is not None:
+        ctx.meta[f"jobfence.{param.name}"] = value
+    return value
+
+
+def app_option(func: F) -> F:
+    return click.option(
+        "--app",
+        "app",
+        envvar=ENV_APP,
+        show_envvar=True,
+        default=None,
+        expose_value=False,
+        callback=_remember,
+        metavar="MODULE:ATTR",
+        help="Your jobfence.App (e.g. myapp:app): use its database, schema and transport.",
+    )(func)
+
+
+def schema_option(func: F) -> F:
+    return click.option(
+        "--schema",
+        envvar=ENV_SCHEMA,
+        show_envvar=True,
+        default=None,
+        expose_value=False,
+        callback=_remember,
+        help="PostgreSQL schema of jobfence's tables (default: core).",
+    )(func)
+
+
 def database_option(func: F) -> F:
+    """``--database-url``, ``--schema`` and ``--app``: where the command's database is (see
+    :func:`make_app`)."""
+    return database_url_option(app_option(func))
+
+
+def database_url_option(func: F) -> F:
+    """``--database-url`` and ``--schema``, for commands whose APP is an argument."""
+    func = schema_option(func)
     return click.option(
         "--database-url",
         envvar=ENV_DATABASE_URL,
         show_envvar=True,
         default=None,
-        help="postgresql://… or sqlite:///file.db (default: sqlite:///jobfence.db).",
+        help="postgresql://… or sqlite:///file.db (default: --app's database).",
     )(func)
+
+
+def make_app(
+    database_url: str | None,
+    transport: str | None = None,
+    *,
+    app_spec: str | None = None,
+    create: bool = False,
+) -> App:
+    """The App a command works on: ``--app`` (or the command's APP argument) with
+    ``--database-url``/``--schema``/``--transport`` overriding what it says; else a bare App
+    on ``--database-url``. With neither, one line naming the three ways to give a database:
+    outside ``jobfence demo`` no command falls back to a SQLite file of its own. Unless
+    ``create``, a SQLite file must already exist (a typo must not start an empty store)."""
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    spec = app_spec or meta.get("jobfence.app")
+    schema = meta.get("jobfence.schema")
+    if spec:
+        app: App = load_app(spec)
+        app.use_database(database_url, schema=schema)
+    elif database_url:
+        app = App(database_url, schema=schema)
+    else:
+        raise click.UsageError(NO_DATABASE)
+    if transport:
+        app.use_transport(transport)
+    if not create and app.url.dialect == "sqlite" and not app.url.path.exists():
+        raise click.ClickException(
+            f"no SQLite database at {app.url.path} (from {app.url.display}); create it with "
+            f"`jobfence migrate --database-url {app.url.display}`, or check the path"
+        )
+    return app
 
 
 def transport_option(func: F) -> F:
@@ -113,25 +195,59 @@ def dead_letters() -> None:
     """Read (and act on) dead letters."""
 
 
-_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+DURATION_HELP = "a duration: 250ms, 30s, 5m, 12h, 7d, or plain seconds"
 
 
-def _span(text: str, what: str) -> timedelta:
-    match = _SPAN.match(text)
+def parse_duration(text: str) -> timedelta | None:
+    """``30s``, ``5m``, ``7d``, ``250ms`` or plain seconds (``1.5``); None if not one."""
+    match = _DURATION.match(text)
     if not match:
-        raise click.BadParameter(
-            f"{text!r} is not a duration like 90s, 30m, 12h or 7d", param_hint=what
-        )
+        return None
     return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+class Duration(click.ParamType[timedelta]):
+    """The one duration grammar of every duration flag (``30s``, ``5m``, ``7d``, ``250ms``,
+    plain seconds); the value is a ``timedelta`` at least ``minimum``."""
+
+    name = "duration"
+
+    def __init__(self, minimum: timedelta = timedelta(0), maximum: timedelta | None = None):
+        self.minimum = minimum
+        self.maximum = maximum
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        found = parse_duration(str(value))
+        if found is None:
+            self.fail(f"{value!r} is not {DURATION_HELP}", param, ctx)
+        if found < self.minimum:
+            self.fail(f"{value!r} is less than {_show(self.minimum)}", param, ctx)
+        if self.maximum is not None and found > self.maximum:
+            self.fail(f"{value!r} is more than {_show(self.maximum)}", param, ctx)
+        return found
+
+
+def _show(span: timedelta) -> str:
+    seconds = span.total_seconds()
+    return f"{seconds:g}s"
+
+
+POSITIVE = Duration(minimum=timedelta(microseconds=1))
 
 
 def _moment(text: str | None, what: str) -> datetime | None:
     """An ISO 8601 time (UTC if no zone) or a duration ago (``2h`` = two hours ago)."""
     if text is None:
         return None
-    if _SPAN.match(text):
-        return datetime.now(UTC) - _span(text, what)
+    ago = parse_duration(text)
+    if ago is not None:
+        return datetime.now(UTC) - ago
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
@@ -142,7 +258,49 @@ def _moment(text: str | None, what: str) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+ENV_LOG_LEVEL = "JOBFENCE_LOG_LEVEL"
+ENV_LOG_FORMAT = "JOBFENCE_LOG_FORMAT"
+
+
+def log_options(func: F) -> F:
+    """``--log-level`` and ``--log-format``, the same on every long-running command."""
+    func = click.option(
+        "--log-format",
+        type=click.Choice(["console", "json"]),
+        envvar=ENV_LOG_FORMAT,
+        show_envvar=True,
+        default="console",
+        show_default=True,
+        help="console (for people) or json (one object per line, for log shippers).",
+    )(func)
+    return click.option(
+        "--log-level",
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+        envvar=ENV_LOG_LEVEL,
+        show_envvar=True,
+        default="INFO",
+        show_default=True,
+        help="Least severe level logged.",
+    )(func)
+
+
+def limit_option(default: int = 50) -> Callable[[F], F]:
+    """``--limit``: rows per page, capped as the ops API caps it (``MAX_PAGE``)."""
+    from ..deadletters import MAX_PAGE
+
+    return click.option(
+        "--limit",
+        type=click.IntRange(1, MAX_PAGE),
+        default=default,
+        show_default=True,
+        help=f"Rows to show, at most {MAX_PAGE} (the ops API's page cap).",
+    )
+
+
 def _default_actor() -> str:
+    """``$JOBFENCE_ACTOR``, else ``user@host``: who acts (or reads) for the audit log."""
+    if os.environ.get("JOBFENCE_ACTOR"):
+        return os.environ["JOBFENCE_ACTOR"]
     try:
         user = getpass.getuser()
     except Exception:
@@ -161,12 +319,17 @@ def actor_option(func: F) -> F:
 
 
 def json_option(func: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")(func)
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="JSON for scripts: one object, or one object per line for a list.",
+    )(func)
 
 
 @asynccontextmanager
 async def _opened(database_url: str | None, transport: str | None = None) -> AsyncIterator[App]:
-    app = App(database_url, transport=transport)
+    app = make_app(database_url, transport)
     async with app:
         yield app
 

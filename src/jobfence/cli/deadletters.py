@@ -18,7 +18,6 @@ from rich.table import Table
 
 from .. import deadletters as service
 from .. import letters, replays
-from ..app import App
 from ..errors import Category, NotFound, ReviewConflict
 from ._common import (
     _default_actor,
@@ -33,6 +32,8 @@ from ._common import (
     dead_letters,
     err_console,
     json_option,
+    limit_option,
+    make_app,
     run,
 )
 from ._common import transport_option as _transport_option
@@ -45,13 +46,14 @@ from ._common import transport_option as _transport_option
     type=click.Choice(["pending_review", "replayed", "discarded", "all"]),
     default="pending_review",
     show_default=True,
+    help="Only letters with this review status (all: any).",
 )
 @click.option("--queue", help="Only this queue.")
 @click.option(
     "--category", type=click.Choice([c.value for c in Category]), help="Only this category."
 )
-@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="JSON lines for scripts.")
+@limit_option()
+@json_option
 def list_dead_letters(
     database_url: str | None,
     status: str,
@@ -63,7 +65,7 @@ def list_dead_letters(
     """List dead letters, newest first (no payloads; see `show`)."""
     from .. import deadletters
 
-    app = App(database_url)
+    app = make_app(database_url)
 
     async def go() -> list[Any]:
         async with app:
@@ -420,7 +422,7 @@ def _replay_one(
     type=click.Choice(["pending", *service.ITEM_OUTCOMES]),
     help="Only items with this outcome.",
 )
-@click.option("--limit", type=click.IntRange(1, service.MAX_PAGE), default=50, show_default=True)
+@limit_option()
 @json_option
 def replay_report(
     replay_id: int, database_url: str | None, outcome: str | None, limit: int, as_json: bool
@@ -506,7 +508,7 @@ def _transition(entry: service.AuditEntry) -> str:
 @click.option("--dead-letter", "dead_letter_id", type=int, help="Only this letter.")
 @click.option("--replay", "replay_id", type=int, help="Only this bulk replay.")
 @click.option("--by", help="Only this actor.")
-@click.option("--limit", type=click.IntRange(1, service.MAX_PAGE), default=50, show_default=True)
+@limit_option()
 @json_option
 def audit(
     database_url: str | None,

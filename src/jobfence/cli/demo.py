@@ -7,7 +7,6 @@ import click
 from ..errors import require_extra
 from ._common import (
     console,
-    database_option,
     main_group,
     run,
     transport_option,
@@ -15,7 +14,12 @@ from ._common import (
 
 
 @main_group.group(invoke_without_command=True)
-@database_option
+@click.option(
+    "--database-url",
+    default=None,
+    help="Run on this database instead of a temporary SQLite file (the demo creates its own "
+    "tables there; $JOBFENCE_DATABASE_URL is ignored on purpose).",
+)
 @click.option(
     "--jobs",
     type=click.IntRange(10, 100_000),
@@ -23,7 +27,13 @@ from ._common import (
     show_default=True,
     help="Distinct credit jobs (duplicates and failures come on top).",
 )
-@click.option("--concurrency", type=click.IntRange(1, 200), default=16, show_default=True)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 200),
+    default=16,
+    show_default=True,
+    help="Jobs the demo's worker processes at once.",
+)
 @click.option("--keep", is_flag=True, help="Keep the temporary SQLite file and print its path.")
 @click.option(
     "--log-level",
@@ -67,7 +77,13 @@ def demo(
     help="A PostgreSQL database the demo may use (default: a temporary database created on "
     "postgresql://postgres@127.0.0.1:5432 and dropped afterwards).",
 )
-@click.option("--posts", type=click.IntRange(20, 100_000), default=300, show_default=True)
+@click.option(
+    "--posts",
+    type=click.IntRange(20, 100_000),
+    default=300,
+    show_default=True,
+    help="Distinct purchase-order POSTs (repeats come on top).",
+)
 @click.option(
     "--repeat-keys",
     type=click.FloatRange(0, 0.9),
@@ -102,6 +118,7 @@ def demo(
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
     default="CRITICAL",
     show_default=True,
+    help="Logs of the demo's services (the summary reports every outcome anyway).",
 )
 @transport_option
 def demo_purchase_orders(

@@ -5,18 +5,26 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
 
 import click
 
-from ..app import App
-from ..config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
+from ..config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, check_schema_name
+from ..jobs import check_job_id, check_queue
+from ..sql import DEFAULT_SCHEMA, Dialect
 from ._common import (
+    ENV_APP,
+    Duration,
+    _emit,
     _queue_list,
     console,
     database_option,
-    load_app,
+    database_url_option,
+    json_option,
+    log_options,
     main_group,
+    make_app,
     run,
     transport_option,
 )
@@ -24,26 +32,82 @@ from ._common import (
 
 @main_group.command()
 @database_option
-def migrate(database_url: str | None) -> None:
-    """Create or upgrade jobfence's tables (idempotent)."""
-
-    app = App(database_url)
+@click.option(
+    "--sql",
+    "print_sql",
+    is_flag=True,
+    help="Print the migrations as one SQL script instead of applying them (for Alembic, "
+    "Flyway, sqitch…); needs no database.",
+)
+@click.option(
+    "--dialect",
+    type=click.Choice(["postgresql", "sqlite"]),
+    default=None,
+    help="With --sql and no database: the SQL dialect to print (default: postgresql).",
+)
+@click.option(
+    "--after",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="With --sql: only migrations after this schema version.",
+)
+@json_option
+def migrate(
+    database_url: str | None, print_sql: bool, dialect: str | None, after: int, as_json: bool
+) -> None:
+    """Create or upgrade jobfence's tables (idempotent), or print them as SQL (--sql)."""
+    if print_sql:
+        click.echo(_migration_sql(database_url, dialect, after), nl=False)
+        return
+    if dialect is not None or after:
+        raise click.UsageError("--dialect and --after go with --sql")
+    app = make_app(database_url, create=True)
     applied = run(app.migrate())
-    if applied:
+    if as_json:
+        _emit({"database": app.url.display, "schema": app.url.schema, "applied": applied})
+    elif applied:
         console.print(f"applied migrations {', '.join(map(str, applied))} to {app.url.display}")
     else:
         console.print(f"{app.url.display} is up to date")
 
 
+def _migration_sql(database_url: str | None, dialect: str | None, after: int) -> str:
+    from ..config import env_schema
+    from ..sql import migration_script
+
+    ctx = click.get_current_context()
+    if database_url or ctx.meta.get("jobfence.app"):
+        url = make_app(database_url, create=True).url
+        if dialect is not None and dialect != url.dialect:
+            raise click.UsageError(f"--dialect {dialect} but the database is {url.dialect}")
+        chosen: str = url.dialect
+        schema = url.schema
+    else:
+        chosen = dialect or "postgresql"
+        schema = ctx.meta.get("jobfence.schema") or env_schema()
+        if chosen == "sqlite":
+            schema = DEFAULT_SCHEMA
+    return migration_script(cast(Dialect, chosen), check_schema_name(schema), after)
+
+
 @main_group.command()
-@click.argument("app_spec", metavar="APP")
-@database_option
+@click.argument("app_spec", metavar="APP", envvar=ENV_APP)
+@database_url_option
 @transport_option
-@click.option("--queues", "-q", help="Comma-separated queues to consume (default: all of APP's).")
+@click.option(
+    "--queues",
+    "-q",
+    envvar="JOBFENCE_QUEUES",
+    show_envvar=True,
+    help="Comma-separated queues to consume (default: all of APP's).",
+)
 @click.option(
     "--concurrency",
     "-c",
     type=click.IntRange(1, 1000),
+    envvar="JOBFENCE_CONCURRENCY",
+    show_envvar=True,
     default=10,
     show_default=True,
     help="Jobs processed at once.",
@@ -51,47 +115,56 @@ def migrate(database_url: str | None) -> None:
 @click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
+    envvar="JOBFENCE_METRICS_PORT",
+    show_envvar=True,
     default=None,
-    help="Serve Prometheus /metrics on this port (127.0.0.1).",
+    help="Serve Prometheus /metrics on this port (default: not served).",
+)
+@click.option(
+    "--metrics-host",
+    envvar="JOBFENCE_METRICS_HOST",
+    show_envvar=True,
+    default="127.0.0.1",
+    show_default=True,
+    help="Address /metrics listens on (0.0.0.0 in a container).",
 )
 @click.option(
     "--batch-size",
     type=click.IntRange(1, MAX_BATCH_SIZE),
+    envvar="JOBFENCE_BATCH_SIZE",
+    show_envvar=True,
     default=1,
     show_default=True,
     help="Group commit: jobs per transaction, each in its own savepoint (PostgreSQL queue).",
 )
 @click.option(
     "--batch-window",
-    type=click.FloatRange(0, 60),
-    default=DEFAULT_BATCH_WINDOW,
+    type=Duration(maximum=timedelta(seconds=60)),
+    envvar="JOBFENCE_BATCH_WINDOW",
+    show_envvar=True,
+    default=f"{DEFAULT_BATCH_WINDOW * 1000:g}ms",
     show_default=True,
     help="Group commit without a backlog: ready jobs share a transaction while their handlers "
-    "are expected to take no longer than this many seconds in a row (0: only under a backlog).",
+    "are expected to take no longer than this in a row (0: only under a backlog).",
 )
 @click.option(
     "--prefetch",
     type=click.IntRange(0, 10_000),
+    envvar="JOBFENCE_PREFETCH",
+    show_envvar=True,
     default=None,
     help="Jobs claimed ahead of free slots (default: concurrency × batch size).",
 )
-@click.option("--metrics-host", default="127.0.0.1", show_default=True)
 @click.option(
     "--shutdown-grace",
-    type=click.FloatRange(0),
-    default=30.0,
+    type=Duration(),
+    envvar="JOBFENCE_SHUTDOWN_GRACE",
+    show_envvar=True,
+    default="30s",
     show_default=True,
-    help="Seconds in-flight jobs get to finish after SIGTERM.",
+    help="How long in-flight jobs get to finish after SIGTERM.",
 )
-@click.option(
-    "--log-format", type=click.Choice(["console", "json"]), default="console", show_default=True
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO",
-    show_default=True,
-)
+@log_options
 def worker(
     app_spec: str,
     database_url: str | None,
@@ -99,11 +172,11 @@ def worker(
     queues: str | None,
     concurrency: int,
     metrics_port: int | None,
-    batch_size: int,
-    batch_window: float,
-    prefetch: int | None,
     metrics_host: str,
-    shutdown_grace: float,
+    batch_size: int,
+    batch_window: timedelta,
+    prefetch: int | None,
+    shutdown_grace: timedelta,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -112,18 +185,14 @@ def worker(
     from ..metrics import serve_metrics
 
     logs.configure(log_level, log_format)
-    app = load_app(app_spec)
-    if database_url:
-        app.use_database(database_url)
-    if transport:
-        app.use_transport(transport)
+    app = make_app(database_url, transport, app_spec=app_spec, create=True)
     w = app.worker(
         queues=_queue_list(queues),
         concurrency=concurrency,
-        shutdown_grace=shutdown_grace,
+        shutdown_grace=shutdown_grace.total_seconds(),
         prefetch=prefetch,
         batch_size=batch_size,
-        batch_window=batch_window,
+        batch_window=batch_window.total_seconds(),
     )
     if metrics_port:
         try:
@@ -154,12 +223,18 @@ def worker(
 )
 @click.option("--job-id", help="Idempotency key of the job (default: a new UUID).")
 @click.option("--correlation-id", help="Carried through logs and dead letters.")
-@click.option("--delay", type=click.FloatRange(0), default=0.0, help="Seconds before it may run.")
+@click.option(
+    "--delay",
+    type=Duration(),
+    default="0s",
+    help="How long before it may run (30s, 5m, 2h; plain seconds).",
+)
 @click.option(
     "--raw",
     is_flag=True,
     help="Enqueue the payload bytes as given, even if not JSON or not UTF-8.",
 )
+@json_option
 def enqueue(
     queue: str,
     database_url: str | None,
@@ -167,8 +242,9 @@ def enqueue(
     payload: str,
     job_id: str | None,
     correlation_id: str | None,
-    delay: float,
+    delay: timedelta,
     raw: bool,
+    as_json: bool,
 ) -> None:
     """Put one job on QUEUE."""
 
@@ -194,12 +270,29 @@ def enqueue(
                 f"not valid JSON ({exc}); pass --raw to enqueue it as bytes anyway",
                 param_hint="--payload",
             ) from None
-    app = App(database_url, transport=transport)
+    for name, check, value_given in (
+        ("QUEUE", check_queue, queue),
+        ("--job-id", check_job_id, job_id),
+    ):
+        if value_given is not None:
+            try:
+                check(value_given)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=name) from None
+    app = make_app(database_url, transport)
 
     async def go() -> str:
         async with app:
             return await app.enqueue(
-                queue, value, job_id=job_id, correlation_id=correlation_id, delay=delay
+                queue,
+                value,
+                job_id=job_id,
+                correlation_id=correlation_id,
+                delay=delay.total_seconds(),
             )
 
-    console.print(run(go()))
+    found = run(go())
+    if as_json:
+        _emit({"job_id": found, "queue": queue})
+    else:
+        console.print(found)

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -18,15 +19,18 @@ from ..errors import require_extra
 from ..fence import exposure as fence_exposure
 from ..retry import DEFAULT_POLICY
 from ._common import (
+    POSITIVE,
+    Duration,
     _emit,
     _opened,
-    _span,
     _ts,
     actor_option,
     console,
     database_option,
     err_console,
     json_option,
+    limit_option,
+    log_options,
     main_group,
     run,
 )
@@ -50,32 +54,46 @@ def _stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
 @main_group.command("cleanup")
 @database_option
 @click.option("--once", is_flag=True, help="One pass, then exit (default: every --interval).")
-@click.option("--interval", default="5m", show_default=True, help="Time between passes.")
-@click.option("--batch", type=click.IntRange(1, 100_000), default=5000, show_default=True)
+@click.option(
+    "--interval", type=POSITIVE, default="5m", show_default=True, help="Time between passes."
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(1, 100_000),
+    default=5000,
+    show_default=True,
+    help="Fence rows deleted per short transaction.",
+)
 @click.option(
     "--min-age",
+    type=Duration(),
     default=None,
     help="Never delete fences younger than this (default: the default retry window plus one "
     "lease per attempt, 18m30s).",
 )
 @json_option
+@log_options
 def cleanup(
     database_url: str | None,
     once: bool,
-    interval: str,
+    interval: timedelta,
     batch: int,
-    min_age: str | None,
+    min_age: timedelta | None,
     as_json: bool,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Delete expired fence rows in short batches (one cleaner at a time).
 
     A fence is kept while its job could still be delivered, while its job_id has a dead
     letter pending review (or replayed recently), or while that job is still retrying.
     """
+    from .. import logs
     from ..cleanup import cleanup_fences, cleanup_loop
 
-    age = _span(min_age, "--min-age") if min_age else fence_exposure(DEFAULT_POLICY, DEFAULT_LEASE)
-    every = _span(interval, "--interval")
+    logs.configure(log_level, log_format)
+    age = min_age if min_age is not None else fence_exposure(DEFAULT_POLICY, DEFAULT_LEASE)
+    every = interval
 
     async def go() -> None:
         async with _opened(database_url) as app:
@@ -95,7 +113,7 @@ def cleanup(
             stop = asyncio.Event()
             remove = _stop_on_signals(stop)
             try:
-                console.print(f"cleaning expired fences every {interval}; SIGTERM stops")
+                console.print(f"cleaning expired fences every {every}; SIGTERM stops")
                 await cleanup_loop(app.db, min_age=age, interval=every, batch=batch, stop=stop)
             finally:
                 remove()
@@ -119,21 +137,33 @@ def _needs_ops(*modules: str) -> None:
 @ops_group.command("serve")
 @database_option
 @_transport_option
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=8089, show_default=True)
+@click.option(
+    "--host",
+    envvar="JOBFENCE_OPS_HOST",
+    show_envvar=True,
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0 in a container).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    envvar="JOBFENCE_OPS_PORT",
+    show_envvar=True,
+    default=8089,
+    show_default=True,
+    help="Port to listen on.",
+)
 @click.option(
     "--max-body",
     type=click.IntRange(1024),
+    envvar="JOBFENCE_OPS_MAX_BODY",
+    show_envvar=True,
     default=128 * 1024,
     show_default=True,
-    help="Bytes; larger → 413.",
+    help="Largest request body in bytes; larger → 413.",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@log_options
 def ops_serve(
     database_url: str | None,
     transport: str | None,
@@ -141,10 +171,16 @@ def ops_serve(
     port: int,
     max_body: int,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve the ops HTTP API (OpenAPI at /openapi.json, with a token)."""
     _needs_ops("uvicorn")
     import uvicorn
+
+    from .. import logs
+
+    logs.configure(log_level, log_format)
+    logs.adopt_loggers("uvicorn", "uvicorn.error", "uvicorn.access", level=log_level)
 
     from ..ops.app import create_app
 
@@ -155,7 +191,14 @@ def ops_serve(
         async with _opened(database_url, transport) as app:
             api = create_app(max_body=max_body, jobfence_app=app, close_app=True)
             server = uvicorn.Server(
-                uvicorn.Config(api, host=host, port=port, log_level=log_level, lifespan="on")
+                uvicorn.Config(
+                    api,
+                    host=host,
+                    port=port,
+                    log_level=log_level.lower(),
+                    log_config=None,
+                    lifespan="on",
+                )
             )
             await server.serve()
             return bool(server.started)
@@ -172,20 +215,35 @@ def token_group() -> None:
 @token_group.command("create")
 @database_option
 @click.option("--name", required=True, help="Who the token is for (shown in the audit log).")
-@click.option("--role", type=click.Choice(["viewer", "operator"]), required=True)
+@click.option(
+    "--role",
+    type=click.Choice(["viewer", "operator"]),
+    required=True,
+    help="viewer reads; operator also replays, discards and re-drives.",
+)
 @click.option("--partner", help="Limit the token to this partner's dead letters.")
 @click.option(
-    "--expires-in", default="90d", show_default=True, help="e.g. 12h, 30d; 'never' for none."
+    "--expires-in",
+    default="90d",
+    show_default=True,
+    help="How long it is valid (12h, 30d, …); 'never' for no expiry.",
 )
+@json_option
 @actor_option
 def token_create(
-    database_url: str | None, name: str, role: str, partner: str | None, expires_in: str, actor: str
+    database_url: str | None,
+    name: str,
+    role: str,
+    partner: str | None,
+    expires_in: str,
+    as_json: bool,
+    actor: str,
 ) -> None:
     """Create a token and print it (only this once)."""
     _needs_ops()
     from ..ops.auth import create_token
 
-    expiry = None if expires_in == "never" else _span(expires_in, "--expires-in")
+    expiry = None if expires_in == "never" else Duration().convert(expires_in, None, None)
 
     who = service.Actor(actor, "cli")
 
@@ -202,6 +260,9 @@ def token_create(
             )
 
     token = run(go())
+    if as_json:
+        _emit({"name": name, "role": role, "partner": partner, "token": token})
+        return
     if sys.stdout.isatty():
         err_console.print(f"token for {name} ({role}{', partner ' + partner if partner else ''}):")
     click.echo(token)
@@ -250,7 +311,8 @@ def token_list(database_url: str | None, include_revoked: bool, as_json: bool) -
 @click.argument("name")
 @database_option
 @actor_option
-def token_revoke(name: str, database_url: str | None, actor: str) -> None:
+@json_option
+def token_revoke(name: str, database_url: str | None, actor: str, as_json: bool) -> None:
     """Revoke the active token called NAME."""
     _needs_ops()
     from ..ops.auth import revoke_token
@@ -263,7 +325,10 @@ def token_revoke(name: str, database_url: str | None, actor: str) -> None:
 
     if not run(go()):
         raise click.UsageError(f"no active token named {name!r}")
-    console.print(f"revoked {name}")
+    if as_json:
+        _emit({"name": name, "revoked": True})
+    else:
+        console.print(f"revoked {name}")
 
 
 # -- alerts --------------------------------------------------------------------------------------
@@ -277,19 +342,36 @@ def alerts_group() -> None:
 @alerts_group.command("deliver")
 @database_option
 @click.option("--once", is_flag=True, help="One round, then exit.")
-@click.option("--interval", default="5s", show_default=True)
-@click.option("--window", default="5m", show_default=True, help="Grouping window.")
+@click.option(
+    "--interval", type=POSITIVE, default="5s", show_default=True, help="Time between rounds."
+)
+@click.option(
+    "--window",
+    type=POSITIVE,
+    default="5m",
+    show_default=True,
+    help="Alert events this close together become one alert.",
+)
 @json_option
+@log_options
 def alerts_deliver(
-    database_url: str | None, once: bool, interval: str, window: str, as_json: bool
+    database_url: str | None,
+    once: bool,
+    interval: timedelta,
+    window: timedelta,
+    as_json: bool,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Group new alert events and deliver due alerts to the sinks configured by environment
     (JOBFENCE_BETTERSTACK_TOKEN, JOBFENCE_ALERT_WEBHOOK_URL). Workers do this too."""
+    from .. import logs
     from ..alerts import AlertDispatcher, sinks_from_env
 
+    logs.configure(log_level, log_format)
     sinks = sinks_from_env()
-    grouping = _span(window, "--window")
-    every = _span(interval, "--interval")
+    grouping = window
+    every = interval
 
     async def go() -> None:
         async with _opened(database_url) as app:
@@ -320,7 +402,7 @@ def alerts_deliver(
 
 @alerts_group.command("list")
 @database_option
-@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@limit_option(20)
 @json_option
 def alerts_list(database_url: str | None, limit: int, as_json: bool) -> None:
     """The latest alerts and where each was delivered."""

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import json
-import re
 from datetime import timedelta
 from typing import Any
 
@@ -19,51 +17,51 @@ from rich.table import Table
 from .. import outbox
 from ..errors import ReviewConflict
 from ..relay import Relay
-from ._common import confirm, console, database_option, load_app, main_group, run, transport_option
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: Any) -> timedelta | None:
-    """``90``, ``90s``, ``15m``, ``24h`` or ``7d`` → timedelta."""
-    if value is None or isinstance(value, timedelta):
-        return value
-    match = _DURATION.match(str(value))
-    if not match:
-        raise click.BadParameter(f"{value!r} is not a duration such as 30s, 15m, 24h or 7d")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds <= 0:
-        raise click.BadParameter("a duration must be positive")
-    return timedelta(seconds=seconds)
-
-
-def _log_options(func: Any) -> Any:
-    func = click.option(
-        "--log-format", type=click.Choice(["console", "json"]), default="console", show_default=True
-    )(func)
-    return click.option(
-        "--log-level",
-        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-        default="INFO",
-        show_default=True,
-    )(func)
+from ._common import (
+    ENV_APP,
+    POSITIVE,
+    _emit,
+    actor_option,
+    confirm,
+    console,
+    database_option,
+    database_url_option,
+    json_option,
+    limit_option,
+    log_options,
+    main_group,
+    make_app,
+    run,
+    transport_option,
+)
 
 
 @main_group.command()
-@click.argument("app_spec", metavar="[APP]", required=False)
-@database_option
+@click.argument("app_spec", metavar="[APP]", required=False, envvar=ENV_APP)
+@database_url_option
 @transport_option
-@click.option("--batch-size", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 10_000),
+    envvar="JOBFENCE_RELAY_BATCH_SIZE",
+    show_envvar=True,
+    default=100,
+    show_default=True,
+    help="Events published per round.",
+)
 @click.option(
     "--poll-interval",
-    callback=_duration,
+    type=POSITIVE,
+    envvar="JOBFENCE_RELAY_POLL_INTERVAL",
+    show_envvar=True,
     default=None,
     help="Polling fallback (default 5s on PostgreSQL, which also wakes on NOTIFY; 0.2s SQLite).",
 )
 @click.option(
     "--retention",
-    callback=_duration,
+    type=POSITIVE,
+    envvar="JOBFENCE_RELAY_RETENTION",
+    show_envvar=True,
     default="7d",
     show_default=True,
     help="Published events older than this are deleted.",
@@ -71,10 +69,21 @@ def _log_options(func: Any) -> Any:
 @click.option(
     "--with-worker",
     is_flag=True,
+    envvar="JOBFENCE_RELAY_WITH_WORKER",
+    show_envvar=True,
     help="Also run APP's worker in this process (the relay embedded in a worker).",
 )
-@click.option("--concurrency", "-c", type=click.IntRange(1, 1000), default=10, show_default=True)
-@_log_options
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 1000),
+    envvar="JOBFENCE_CONCURRENCY",
+    show_envvar=True,
+    default=10,
+    show_default=True,
+    help="With --with-worker: jobs the worker processes at once.",
+)
+@log_options
 def relay(
     app_spec: str | None,
     database_url: str | None,
@@ -98,11 +107,7 @@ def relay(
     logs.configure(log_level, log_format)
     if with_worker and not app_spec:
         raise click.UsageError("--with-worker needs APP (module:attribute) to know the consumers")
-    app: App = load_app(app_spec) if app_spec else App(database_url)
-    if app_spec and database_url:
-        app.use_database(database_url)
-    if transport:
-        app.use_transport(transport)
+    app: App = make_app(database_url, transport, app_spec=app_spec, create=True)
     the_relay = Relay(
         app,
         batch_size=batch_size,
@@ -135,19 +140,21 @@ def outbox_group() -> None:
 
 
 def _open(database_url: str | None) -> Any:
-    from ..app import App
-
-    return App(database_url)
+    return make_app(database_url)
 
 
 @outbox_group.command("list")
 @database_option
 @click.option(
-    "--state", type=click.Choice([*outbox.STATES, "all"]), default="all", show_default=True
+    "--state",
+    type=click.Choice([*outbox.STATES, "all"]),
+    default="all",
+    show_default=True,
+    help="Only events in this state.",
 )
 @click.option("--queue", help="Only this queue.")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="JSON lines for scripts.")
+@limit_option()
+@json_option
 def list_events(
     database_url: str | None, state: str, queue: str | None, limit: int, as_json: bool
 ) -> None:
@@ -192,8 +199,10 @@ def list_events(
 @outbox_group.command("show")
 @click.argument("event_id")
 @database_option
-def show_event(event_id: str, database_url: str | None) -> None:
-    """Show one event with the history of its attempts and re-drives (as JSON)."""
+@json_option
+def show_event(event_id: str, database_url: str | None, as_json: bool) -> None:
+    """Show one event with the history of its attempts and re-drives (as JSON; --json: on
+    one line)."""
     app = _open(database_url)
 
     async def go() -> outbox.EventSummary | None:
@@ -203,7 +212,7 @@ def show_event(event_id: str, database_url: str | None) -> None:
     event = run(go())
     if event is None:
         raise click.ClickException(f"no outbox event {event_id!r} in {app.url.display}")
-    click.echo(json.dumps(event.to_json(), ensure_ascii=False, indent=2))
+    click.echo(json.dumps(event.to_json(), ensure_ascii=False, indent=None if as_json else 2))
 
 
 def _preview_table(preview: outbox.RedrivePreview) -> None:
@@ -241,7 +250,8 @@ def _preview_table(preview: outbox.RedrivePreview) -> None:
 @click.option("--yes", "-y", is_flag=True, help="With --all: do not ask for confirmation.")
 @click.option("--expect", type=click.IntRange(0), help="With --all --yes: refuse unless N.")
 @click.option("--reason", required=True, help="Why (kept in each event's history).")
-@click.option("--by", "actor", default=None, help="Who (default: the OS user).")
+@actor_option
+@json_option
 def redrive(
     event_ids: tuple[str, ...],
     database_url: str | None,
@@ -250,7 +260,8 @@ def redrive(
     yes: bool,
     expect: int | None,
     reason: str,
-    actor: str | None,
+    actor: str,
+    as_json: bool,
 ) -> None:
     """Put PUBLISH_FAILED_RETRY events back to PENDING with fresh attempts.
 
@@ -268,7 +279,7 @@ def redrive(
     if not reason.strip():
         raise click.UsageError("--reason must say why")
     app = _open(database_url)
-    who = actor or getpass.getuser()
+    who = actor
 
     async def go() -> list[str] | None:
         async with app:
@@ -300,12 +311,15 @@ def redrive(
             )
 
     done = run(go())
+    missing = sorted(set(event_ids) - set(done or ()))
+    if as_json:
+        _emit({"redriven": done or [], "not_redriven": missing})
+        return
     if done is None:
         console.print("nothing to re-drive: no event is PUBLISH_FAILED_RETRY")
         return
     for event_id in done:
         click.echo(event_id)
-    missing = sorted(set(event_ids) - set(done))
     console.print(f"re-drove {len(done)} event(s)", style="bold")
     if missing:
         console.print(
@@ -316,8 +330,15 @@ def redrive(
 
 @outbox_group.command("cleanup")
 @database_option
-@click.option("--retention", callback=_duration, default="7d", show_default=True)
-def cleanup(database_url: str | None, retention: timedelta) -> None:
+@click.option(
+    "--retention",
+    type=POSITIVE,
+    default="7d",
+    show_default=True,
+    help="Delete published events older than this.",
+)
+@json_option
+def cleanup(database_url: str | None, retention: timedelta, as_json: bool) -> None:
     """Delete published events older than the retention (relays also do this every minute)."""
     app = _open(database_url)
 
@@ -325,4 +346,8 @@ def cleanup(database_url: str | None, retention: timedelta) -> None:
         async with app:
             return await outbox.cleanup(app.db, retention)
 
-    console.print(f"deleted {run(go())} published event(s) older than {retention}")
+    deleted = run(go())
+    if as_json:
+        _emit({"deleted": deleted, "retention_s": retention.total_seconds()})
+    else:
+        console.print(f"deleted {deleted} published event(s) older than {retention}")

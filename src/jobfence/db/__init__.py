@@ -307,7 +307,7 @@ class Database(ABC):
 
     def __init__(self, url: DatabaseURL) -> None:
         self.url = url
-        self.sql = queries(url.dialect)
+        self.sql = queries(url.dialect, url.schema)
 
     def at(self, value: datetime | None) -> Any:
         """A time as a query parameter (``timestamptz``; epoch seconds on SQLite)."""

@@ -12,16 +12,17 @@ from typing import Any
 import aiosqlite
 import psycopg
 
-from ..config import DatabaseURL
+from ..config import DatabaseURL, env_schema
 from ..errors import EnqueueError
 from ..sql import Dialect, queries
 from . import Row, SyncTx, Tx
 
 
-def adopt(connection: Any, *, doing: str, sync_way: str) -> Tx:
+def adopt(connection: Any, *, doing: str, sync_way: str, schema: str | None = None) -> Tx:
     """``connection`` as a :class:`Tx`: a jobfence ``Tx`` (a handler's) as it is, a psycopg
     ``AsyncConnection`` or an aiosqlite ``Connection`` inside the caller's transaction.
-    ``doing`` and ``sync_way`` word the error for anything else."""
+    ``doing`` and ``sync_way`` word the error for anything else; ``schema`` is where
+    jobfence's tables are (default ``$JOBFENCE_SCHEMA``, else ``core``)."""
     if isinstance(connection, Tx):
         return connection
     if isinstance(connection, SyncTx):
@@ -29,7 +30,7 @@ def adopt(connection: Any, *, doing: str, sync_way: str) -> Tx:
     if isinstance(connection, psycopg.AsyncConnection):
         from .postgres import PgTx
 
-        return PgTx(connection, queries("postgresql"))
+        return PgTx(connection, queries("postgresql", schema or env_schema()))
     if isinstance(connection, aiosqlite.Connection):
         from .sqlite import SqliteTx
 
@@ -61,7 +62,14 @@ class SyncConnection:
     or a ``def`` handler's :class:`SyncTx`), running jobfence's named statements inside the
     caller's transaction; the caller commits."""
 
-    def __init__(self, connection: Any, *, doing: str, dialect: Dialect | None = None) -> None:
+    def __init__(
+        self,
+        connection: Any,
+        *,
+        doing: str,
+        dialect: Dialect | None = None,
+        schema: str | None = None,
+    ) -> None:
         if isinstance(connection, SyncTx):
             found: Dialect = connection.dialect
         elif isinstance(connection, sqlite3.Connection):
@@ -77,7 +85,7 @@ class SyncConnection:
             raise EnqueueError(f"a {found} connection cannot {doing} in a {dialect} store")
         self.connection = connection
         self.dialect = found
-        self._sql = queries(found)
+        self._sql = queries(found, schema or env_schema())
 
     def run(self, name: str, params: Mapping[str, Any]) -> list[Row]:
         """One named statement; its rows as dicts."""
