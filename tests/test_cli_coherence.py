@@ -1,0 +1,201 @@
+"""Issue 12 §9: one CLI. The rules are checked on the command tree itself (so a new command
+cannot break them unseen), and the behaviour through real ``jobfence`` subprocesses."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+
+import click
+import pytest
+
+from jobfence.cli import main_group
+from jobfence.cli._common import Duration, parse_duration
+from jobfence.deadletters import MAX_PAGE
+
+from .test_cli import jf, one_line_error
+
+#: commands that run until stopped: they log instead of printing a result
+LONG_RUNNING = {
+    "worker",
+    "relay",
+    "ops serve",
+    "cleanup",
+    "alerts deliver",
+}
+#: commands that print no result to script against (a demo's report, a secret-free
+#: confirmation is still JSON where it matters)
+NO_RESULT = {"worker", "relay", "ops serve", "demo", "demo purchase-orders"}
+#: flags whose value is a duration (the one grammar)
+DURATION_FLAGS = {
+    ("worker", "--shutdown-grace"),
+    ("worker", "--batch-window"),
+    ("enqueue", "--delay"),
+    ("cleanup", "--interval"),
+    ("cleanup", "--min-age"),
+    ("alerts deliver", "--interval"),
+    ("alerts deliver", "--window"),
+    ("relay", "--poll-interval"),
+    ("relay", "--retention"),
+    ("outbox cleanup", "--retention"),
+}
+#: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
+#: and the demo, which runs on a temporary database of its own
+OWN_DATABASE = {"worker", "relay", "demo", "demo purchase-orders"}
+
+
+def commands() -> Iterator[tuple[str, click.Command]]:
+    def walk(cmd: click.Command, path: list[str]) -> Iterator[tuple[str, click.Command]]:
+        if isinstance(cmd, click.Group):
+            for name, sub in sorted(cmd.commands.items()):
+                yield from walk(sub, [*path, name])
+            if not getattr(cmd, "invoke_without_command", False):
+                return
+        if path:
+            yield " ".join(path), cmd
+
+    yield from walk(main_group, [])
+
+
+def options(cmd: click.Command) -> dict[str, click.Option]:
+    found: dict[str, click.Option] = {}
+    for param in cmd.params:
+        if isinstance(param, click.Option):
+            for opt in param.opts:
+                if opt.startswith("--"):
+                    found[opt] = param
+    return found
+
+
+ALL = dict(commands())
+
+
+def test_the_tree_is_what_these_rules_talk_about() -> None:
+    for name in LONG_RUNNING | NO_RESULT | OWN_DATABASE | {c for c, _ in DURATION_FLAGS}:
+        assert name in ALL, f"{name} is not a command any more: update this test"
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_every_flag_has_help(name: str) -> None:
+    for opt, param in options(ALL[name]).items():
+        if opt in ("--help", "--version"):
+            continue
+        assert param.help and param.help.strip(), f"jobfence {name} {opt} has no help text"
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_every_database_command_takes_the_app(name: str) -> None:
+    opts = options(ALL[name])
+    if "--database-url" not in opts or name in OWN_DATABASE:
+        return
+    assert "--app" in opts, f"jobfence {name} has --database-url but no --app"
+    assert opts["--app"].envvar == "JOBFENCE_APP"
+    assert opts["--database-url"].envvar == "JOBFENCE_DATABASE_URL"
+    assert opts["--schema"].envvar == "JOBFENCE_SCHEMA"
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_json_on_every_command_that_prints_a_result(name: str) -> None:
+    if name in NO_RESULT:
+        return
+    assert "--json" in options(ALL[name]), f"jobfence {name} has no --json"
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_one_actor_option(name: str) -> None:
+    opts = options(ALL[name])
+    assert "--by" not in opts or name == "dead-letters audit", (
+        f"jobfence {name}: who acts is --actor, not --by"
+    )
+    if "--actor" in opts:
+        assert opts["--actor"].envvar == "JOBFENCE_ACTOR"
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_one_limit_cap(name: str) -> None:
+    limit = options(ALL[name]).get("--limit")
+    if limit is None:
+        return
+    assert isinstance(limit.type, click.IntRange)
+    assert (limit.type.min, limit.type.max) == (1, MAX_PAGE), f"jobfence {name} --limit"
+
+
+@pytest.mark.parametrize("name", sorted(LONG_RUNNING))
+def test_long_running_commands_log_alike(name: str) -> None:
+    opts = options(ALL[name])
+    level, fmt = opts["--log-level"], opts["--log-format"]
+    assert (level.default, fmt.default) == ("INFO", "console")
+    assert (level.envvar, fmt.envvar) == ("JOBFENCE_LOG_LEVEL", "JOBFENCE_LOG_FORMAT")
+
+
+@pytest.mark.parametrize("name", ["worker", "relay"])
+def test_every_worker_and_relay_flag_has_an_environment_variable(name: str) -> None:
+    for opt, param in options(ALL[name]).items():
+        if opt == "--help":
+            continue
+        assert isinstance(param.envvar, str) and param.envvar.startswith("JOBFENCE_"), (
+            f"jobfence {name} {opt} has no JOBFENCE_ environment variable"
+        )
+    argument = next(p for p in ALL[name].params if isinstance(p, click.Argument))
+    assert argument.envvar == "JOBFENCE_APP"
+
+
+def test_duration_flags_share_one_grammar() -> None:
+    for name, opt in DURATION_FLAGS:
+        assert isinstance(options(ALL[name])[opt].type, Duration), f"jobfence {name} {opt}"
+    for name, cmd in ALL.items():
+        for opt, param in options(cmd).items():
+            if isinstance(param.type, Duration):
+                assert (name, opt) in DURATION_FLAGS, f"add jobfence {name} {opt} to the list"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30s", 30), ("5m", 300), ("7d", 604800), ("2h", 7200), ("250ms", 0.25), ("1.5", 1.5)],
+)
+def test_the_duration_grammar(text: str, seconds: float) -> None:
+    assert parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["5 minutes", "-1s", "1w", "", "s"])
+def test_not_durations(text: str) -> None:
+    assert parse_duration(text) is None
+
+
+def test_a_bad_duration_is_one_line_with_the_grammar(sqlite_database: str) -> None:
+    line = one_line_error(
+        jf("enqueue", "q", "--payload", "{}", "--delay", "soon", "--database-url", sqlite_database)
+    )
+    assert "'soon' is not a duration: 250ms, 30s, 5m, 12h, 7d, or plain seconds" in line
+
+
+def test_delay_takes_the_grammar_end_to_end(sqlite_database: str) -> None:
+    put = jf(
+        "enqueue", "q", "--payload", "{}", "--delay", "2h", "--json", "--database-url",
+        sqlite_database,
+    )  # fmt: skip
+    assert put.returncode == 0, put.stderr
+    job = json.loads(put.stdout)
+    assert set(job) == {"job_id", "queue"}
+
+
+def test_outbox_redrive_by_is_gone(sqlite_database: str) -> None:
+    result = jf(
+        "outbox", "redrive", "x", "--reason", "r", "--by", "me", "--database-url",
+        sqlite_database,
+    )  # fmt: skip
+    assert "No such option '--by'" in one_line_error(result)
+
+
+def test_a_limit_over_the_cap_is_refused(sqlite_database: str) -> None:
+    line = one_line_error(
+        jf("dead-letters", "list", "--limit", str(MAX_PAGE + 1), "--database-url", sqlite_database)
+    )
+    assert f"1<=x<={MAX_PAGE}" in line
+
+
+def test_worker_flags_come_from_the_environment_too() -> None:
+    """A bad value given by the environment is reported naming the variable."""
+    line = one_line_error(jf("worker", "x:y", env={"JOBFENCE_CONCURRENCY": "0"}))
+    assert "JOBFENCE_CONCURRENCY" in line and "0 is not in the range" in line
