@@ -83,7 +83,7 @@ async def test_enqueue_and_dead_letters_follow_the_apps_database(
 
     # the worker started from the environment alone (no APP argument) processes that job
     log = (folder / "worker.log").open("ab")
-    worker = subprocess.Popen(
+    worker = subprocess.Popen(  # noqa: ASYNC220 - a real worker process, polled below
         [sys.executable, "-m", "jobfence.cli", "worker"],
         cwd=folder,
         env={

@@ -81,7 +81,7 @@ def test_every_flag_has_help(name: str) -> None:
     for opt, param in options(ALL[name]).items():
         if opt in ("--help", "--version"):
             continue
-        assert param.help and param.help.strip(), f"jobfence {name} {opt} has no help text"
+        assert (param.help or "").strip(), f"jobfence {name} {opt} has no help text"
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
@@ -134,7 +134,7 @@ def test_every_worker_and_relay_flag_has_an_environment_variable(name: str) -> N
     for opt, param in options(ALL[name]).items():
         if opt == "--help":
             continue
-        assert isinstance(param.envvar, str) and param.envvar.startswith("JOBFENCE_"), (
+        assert str(param.envvar).startswith("JOBFENCE_"), (
             f"jobfence {name} {opt} has no JOBFENCE_ environment variable"
         )
     argument = next(p for p in ALL[name].params if isinstance(p, click.Argument))
@@ -198,4 +198,5 @@ def test_a_limit_over_the_cap_is_refused(sqlite_database: str) -> None:
 def test_worker_flags_come_from_the_environment_too() -> None:
     """A bad value given by the environment is reported naming the variable."""
     line = one_line_error(jf("worker", "x:y", env={"JOBFENCE_CONCURRENCY": "0"}))
-    assert "JOBFENCE_CONCURRENCY" in line and "0 is not in the range" in line
+    assert "JOBFENCE_CONCURRENCY" in line
+    assert "0 is not in the range" in line
