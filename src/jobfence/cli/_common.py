@@ -26,7 +26,10 @@ from ..config import ENV_DATABASE_URL, ENV_SCHEMA, ENV_TRANSPORT_URL
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
-console = Console()
+#: piped output (grep, a file, a test) is not squeezed into 80 columns: tables keep their
+#: ids on one line; $COLUMNS still wins, and a terminal keeps its own width
+_PIPED_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+console = Console(width=_PIPED_WIDTH)
 err_console = Console(stderr=True)
 
 

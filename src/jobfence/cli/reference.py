@@ -52,6 +52,8 @@ def _default(param: click.Parameter) -> str:
     if isinstance(param, click.Option) and param.is_flag:
         return "off"
     value = param.default
+    if type(value).__name__ == "Sentinel":  # click's "no default given"
+        return "—"
     if value is None or callable(value):
         return "—" if value is None else "(computed)"
     return f"`{value}`"
