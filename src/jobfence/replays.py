@@ -340,6 +340,11 @@ async def start_replay(
 Progress = Callable[[int, int], None]
 
 
+def check_reason(reason: str | None) -> str | None:
+    """A bulk replay's optional reason, cleaned (InvalidRequest if it is not text)."""
+    return _reason(reason, required=False)
+
+
 async def execute_replay(
     db: Database,
     transport: Transport,
@@ -417,7 +422,7 @@ async def run_replay(
     """Confirm and run a previewed bulk replay to the end (what the CLI does); ``reason`` is
     kept on each letter and in the audit log (default: "bulk replay N")."""
 
-    why = _reason(reason, required=False)  # refused before the replay is started
+    why = check_reason(reason)  # refused before the replay is started
     who = runner or default_holder()
     await start_replay(db, replay_id, actor=actor, expected_total=expected_total, runner=who)
     return await execute_replay(

@@ -299,7 +299,10 @@ async def test_a_bulk_replay_through_the_api_previews_then_needs_the_confirmed_c
             ops.database_url, f"SELECT count(*) FROM {table(ops.database_url, 'jobs')}"
         )
         wrong = await otto.post(body["confirm"], json={"expected_total": 4})
-        run = await otto.post(body["confirm"], json={"expected_total": 3, "rate": 100})
+        run = await otto.post(
+            body["confirm"],
+            json={"expected_total": 3, "rate": 100, "reason": "partner fixed the ERP, OPS-9"},
+        )
 
         async def finished() -> dict[str, Any] | None:
             status = (await otto.get(f"/v1/replays/{body['replay_id']}")).json()
@@ -325,6 +328,13 @@ async def test_a_bulk_replay_through_the_api_previews_then_needs_the_confirmed_c
         ops.database_url, f"SELECT job_id FROM {table(ops.database_url, 'jobs')} ORDER BY job_id"
     )
     assert jobs == [("b-0",), ("b-1",), ("b-2",)]
+    # the run's reason is kept on each letter (issue 12: the API takes it as the CLI does)
+    reasons = await query(
+        ops.database_url,
+        f"SELECT DISTINCT review_reason FROM {table(ops.database_url, 'dead_letters')} "
+        "WHERE status = 'replayed'",
+    )
+    assert reasons == [("partner fixed the ERP, OPS-9",)]
 
 
 async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:

@@ -229,6 +229,11 @@ class RunBody(BaseModel):
     rate: float | None = Field(
         default=500.0, gt=0, le=100_000, description="Letters per second (null: no limit)."
     )
+    reason: str | None = Field(
+        default=None,
+        max_length=MAX_REASON,
+        description='Why (kept on each letter and in the audit log; default "bulk replay N").',
+    )
 
 
 class Replay(BaseModel):

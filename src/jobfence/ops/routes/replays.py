@@ -67,6 +67,7 @@ async def run_replay(
     running = runs.get(replay_id)
     if running is not None and not running.done():
         raise ReviewConflict(f"replay {replay_id} is already running in this server")
+    why = replays.check_reason(body.reason)  # refused before the replay is started
     status = await replays.start_replay(
         jf.db, replay_id, actor=actor, expected_total=body.expected_total, runner=runner
     )
@@ -74,7 +75,13 @@ async def run_replay(
     async def work() -> None:
         try:
             await replays.execute_replay(
-                jf.db, jf.transport, replay_id, actor=actor, runner=runner, rate=body.rate
+                jf.db,
+                jf.transport,
+                replay_id,
+                actor=actor,
+                runner=runner,
+                rate=body.rate,
+                reason=why,
             )
         except Exception:
             log.exception(
