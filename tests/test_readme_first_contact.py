@@ -54,7 +54,13 @@ class User:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         bin_dir = str(Path(sys.executable).parent)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
+        # a new user's shell: no JOBFENCE_* yet, and no COLUMNS inherited from the test
+        # runner (xdist workers carry COLUMNS=80, which would wrap the ids in the table)
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("JOBFENCE_") and k not in ("COLUMNS", "LINES")
+        }
         self.env["PATH"] = f"{bin_dir}:{self.env.get('PATH', '')}"
         self.background: list[subprocess.Popen[bytes]] = []
 
