@@ -31,6 +31,7 @@ NO_RESULT = {"worker", "relay", "ops serve", "demo", "demo purchase-orders"}
 DURATION_FLAGS = {
     ("worker", "--shutdown-grace"),
     ("worker", "--batch-window"),
+    ("worker", "--summary-interval"),
     ("enqueue", "--delay"),
     ("cleanup", "--interval"),
     ("cleanup", "--min-age"),

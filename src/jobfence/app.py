@@ -452,6 +452,7 @@ class App:
         prefetch: int | None = None,
         batch_size: int = 1,
         batch_window: float = DEFAULT_BATCH_WINDOW,
+        summary_interval: float = 60.0,
     ) -> Worker:
         """A :class:`~jobfence.worker.Worker` for this app (``await worker.run()``)."""
         return Worker(
@@ -463,4 +464,5 @@ class App:
             prefetch=prefetch,
             batch_size=batch_size,
             batch_window=batch_window,
+            summary_interval=summary_interval,
         )

@@ -12,10 +12,11 @@ import collections
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from .harness import Harness, Outcome
@@ -30,11 +31,31 @@ log = logging.getLogger("jobfence.worker")
 
 @dataclass
 class WorkerStats:
+    """What this worker's deliveries came to, counted once, where the worker learns each
+    outcome; the periodic summary line reports the difference between two readings."""
+
     outcomes: dict[Outcome, int] = field(default_factory=lambda: dict.fromkeys(Outcome, 0))
 
     @property
     def handled(self) -> int:
         return sum(self.outcomes.values())
+
+    def since(self, before: dict[Outcome, int]) -> dict[Outcome, int]:
+        """Outcomes counted since the reading ``before`` (a copy of :attr:`outcomes`)."""
+        return {o: n - before.get(o, 0) for o, n in self.outcomes.items()}
+
+
+def summary_fields(delta: dict[Outcome, int], seconds: float) -> dict[str, Any]:
+    """The structured fields of the worker's INFO summary line."""
+    return {
+        "jobs_per_s": round(sum(delta.values()) / seconds, 2) if seconds > 0 else 0.0,
+        "done": delta[Outcome.PROCESSED],
+        "retries": delta[Outcome.RETRY],
+        "dead_letters": delta[Outcome.DEAD],
+        "duplicates": delta[Outcome.DUPLICATE],
+        "lost": delta[Outcome.LOST] + delta[Outcome.FAILED_TO_RECORD],
+        "interval_s": round(seconds, 3),
+    }
 
 
 class Worker:
@@ -49,6 +70,7 @@ class Worker:
         prefetch: int | None = None,
         batch_size: int = 1,
         batch_window: float = DEFAULT_BATCH_WINDOW,
+        summary_interval: float = 60.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -61,6 +83,8 @@ class Worker:
             raise ValueError("prefetch must be >= 0")
         if batch_window < 0:
             raise ValueError("batch_window must be >= 0 seconds")
+        if summary_interval < 0:
+            raise ValueError("summary_interval must be >= 0 seconds (0: no summary)")
         self.app = app
         known = app.consumed_queues
         wanted = list(queues) if queues else known
@@ -86,6 +110,8 @@ class Worker:
         #: without a backlog, ready jobs share a batch while their handlers' expected time in a
         #: row stays within this many seconds (0: batches form only under a backlog)
         self.batch_window = batch_window
+        #: an INFO line with what happened every this many seconds (0: none)
+        self.summary_interval = summary_interval
         #: jobs claimed beyond the free slots, held (with renewed leases) until a slot frees
         self.prefetch = concurrency * batch_size if prefetch is None else prefetch
         self._buffer: collections.deque[Delivery] = collections.deque()
@@ -130,6 +156,8 @@ class Worker:
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
             asyncio.create_task(self._maintenance(), name="jobfence-maintenance"),
         ]
+        if self.summary_interval > 0:
+            background.append(asyncio.create_task(self._summary(), name="jobfence-summary"))
         log.info(
             "worker started",
             extra={
@@ -246,6 +274,29 @@ class Worker:
             for task in pending:
                 task.cancel()
             await asyncio.wait(pending)
+
+    async def _summary(self) -> None:
+        """Every ``summary_interval``: one INFO line with the jobs/s and outcomes since the
+        last one (a healthy worker logs its successes at DEBUG only); a quiet stretch is
+        said once ("worker idle"), not every interval."""
+        before = dict(self.stats.outcomes)
+        started = time.monotonic()
+        idle_said = False
+        while True:
+            await asyncio.sleep(self.summary_interval)
+            now = time.monotonic()
+            delta = self.stats.since(before)
+            before, seconds, started = dict(self.stats.outcomes), now - started, now
+            if any(delta.values()):
+                idle_said = False
+                fields = summary_fields(delta, seconds)
+                log.info("worker summary", extra={**fields, "inflight": self._busy()})
+            elif not idle_said and not self._busy():
+                idle_said = True
+                log.info("worker idle", extra={"queues": self.queues})
+
+    def _busy(self) -> int:
+        return sum(len(batch) for batch in self._inflight.values())
 
     async def _heartbeat(self) -> None:
         interval = max(self.app.lease.total_seconds() / 3, 0.2)

@@ -165,6 +165,16 @@ def _migration_sql(database_url: str | None, dialect: str | None, after: int) ->
     show_default=True,
     help="How long in-flight jobs get to finish after SIGTERM.",
 )
+@click.option(
+    "--summary-interval",
+    type=Duration(),
+    envvar="JOBFENCE_SUMMARY_INTERVAL",
+    show_envvar=True,
+    default="60s",
+    show_default=True,
+    help="Log an INFO summary (jobs/s, done, retries, dead letters, duplicates) this often "
+    "(0: never).",
+)
 @log_options
 def worker(
     app_spec: str,
@@ -178,6 +188,7 @@ def worker(
     batch_window: timedelta,
     prefetch: int | None,
     shutdown_grace: timedelta,
+    summary_interval: timedelta,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -194,6 +205,7 @@ def worker(
         prefetch=prefetch,
         batch_size=batch_size,
         batch_window=batch_window.total_seconds(),
+        summary_interval=summary_interval.total_seconds(),
     )
     if metrics_port:
         try:
