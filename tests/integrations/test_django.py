@@ -233,7 +233,12 @@ BOUNDARY = {
         "postgresql": ("TX_ENDED", "rolled back on the psycopg connection"),
         "sqlite": ("TX_CONTROL_REFUSED", "ran ROLLBACK"),
     },
-    # set_rollback(True): the block would roll back silently; the job fails instead
+    # a failed statement the handler caught and carried on after: the transaction cannot
+    # commit (PostgreSQL aborts it; on SQLite jobfence fails the job the same way)
+    "caught-sql-error": ("TX_ABORTED", "caught the error and returned normally"),
+    # set_rollback(True), or an ORM error caught inside the block (Django marks the block
+    # for rollback): it would roll back silently; the job fails instead
+    "caught-orm-error": ("TX_ROLLBACK_ONLY", "marked for rollback"),
     "set-rollback": ("TX_ROLLBACK_ONLY", "marked for rollback"),
 }
 
@@ -311,3 +316,24 @@ def test_a_djangoapp_refuses_a_database_other_than_djangos(shop: Shop) -> None:
     )
     assert done.returncode == 1
     assert "keeps its fence in Django's database 'default'" in done.stderr
+
+
+def test_jobfence_imports_without_django_and_the_integration_names_the_extra() -> None:
+    """Without Django installed, jobfence (and its CLI) import; the integration says, in one
+    line, which extra to install."""
+    script = (
+        "import sys\n"
+        "sys.modules['django'] = None  # as if Django were not installed\n"
+        "import jobfence, jobfence.cli, jobfence.harness\n"
+        "try:\n"
+        "    import jobfence.integrations.django\n"
+        "except ImportError as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.startswith(
+        "MissingExtra jobfence.integrations.django needs jobfence[django]: "
+        "pip install 'jobfence[django]'"
+    ), done.stdout + done.stderr

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from jobfence import BusinessError, Job, RetryPolicy, TemporaryError
 from jobfence.integrations.django import DjangoApp, DjangoTx
@@ -63,6 +63,12 @@ def misbehave(job: Job[dict[str, Any]], tx: DjangoTx, then: str | None) -> None:
         tx.execute("COMMIT")
     elif then == "set-rollback":
         transaction.set_rollback(True)
+    elif then == "caught-sql-error":
+        with contextlib.suppress(DatabaseError):  # NOT NULL: the statement fails
+            tx.execute("INSERT INTO shop_credit (job_id) VALUES (%s)", [job.job_id])
+    elif then == "caught-orm-error":
+        with contextlib.suppress(DatabaseError):
+            Credit.objects.create(job_id=job.job_id, member_id=None, points=0)
     elif then == "savepoint":
         try:
             with transaction.atomic():  # a savepoint inside the job's transaction

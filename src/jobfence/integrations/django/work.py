@@ -197,13 +197,16 @@ class DjangoWork(HostedWork):
 
     def _check(self, guard: TxGuard, *, track_failures: bool) -> None:
         """The handler returned normally: may the transaction commit with the fence?"""
-        problem = guard.problem(track_failures=track_failures)
+        problem = guard.problem(track_failures=False)
         if problem is not None:
             raise problem
         if self.django.closed_in_transaction or self.django.connection is None:
             raise ended("closed by the handler (connection.close())")
         if self.django.needs_rollback:
             raise rollback_only()
+        problem = guard.problem(track_failures=track_failures)
+        if problem is not None:
+            raise problem
         if isinstance(self.raw, sqlite3.Connection):
             if not self.raw.in_transaction:
                 raise ended("committed or rolled back on the sqlite3 connection")
