@@ -10,6 +10,7 @@ block, and what a handler that commits or rolls back by itself gets.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -184,6 +185,10 @@ def test_failures_roll_back_the_orm_writes_and_retry_then_dead_letter(shop: Shop
     assert letters["bad"][:3] == ("BUSINESS_ERROR", "BusinessError", 1)
     assert "member is closed" in letters["bad"][3]
     assert letters["flaky"][:3] == ("TEMPORARY_ERROR", "TemporaryError", 3)
+    # the jobfence command line inside the project, on settings.JOBFENCE_APP
+    listed = shop.manage("jobfence", "dead-letters", "list", "--json").stdout
+    letters_listed = [json.loads(line) for line in listed.splitlines() if line.strip()]
+    assert sorted(letter["job_id"] for letter in letters_listed) == ["bad", "flaky"]
 
 
 def test_replay_of_a_processed_job_makes_no_second_effect(shop: Shop) -> None:
@@ -221,6 +226,11 @@ BOUNDARY = {
     # Django refuses these inside atomic() itself: nothing happened, the job fails
     "commit": ("TransactionManagementError", DJANGO_REFUSES),
     "connection-commit": ("TransactionManagementError", DJANGO_REFUSES),
+    "rollback": ("TransactionManagementError", DJANGO_REFUSES),
+    "set-autocommit": ("TransactionManagementError", DJANGO_REFUSES),
+    "durable": ("RuntimeError", "durable atomic block cannot be nested"),
+    # closing the connection ends the transaction
+    "close": ("TX_ENDED", "closed by the handler"),
     # SQL that ends the transaction: refused before it reaches the database
     "sql-commit": ("TX_CONTROL_REFUSED", "ran COMMIT"),
     # the driver's own commit()/rollback(): refused (SQLite: an authorizer) or caught at

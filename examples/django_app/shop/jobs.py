@@ -53,6 +53,15 @@ def misbehave(job: Job[dict[str, Any]], tx: DjangoTx, then: str | None) -> None:
         # refused, and nothing happened: the job commits normally
         with contextlib.suppress(transaction.TransactionManagementError):
             transaction.commit()
+    elif then == "rollback":
+        transaction.rollback()
+    elif then == "set-autocommit":
+        transaction.set_autocommit(True)
+    elif then == "close":
+        tx.connection.close()
+    elif then == "durable":
+        with transaction.atomic(durable=True):
+            pass
     elif then == "connection-commit":
         tx.connection.commit()
     elif then == "raw-commit":

@@ -18,6 +18,7 @@ could end that transaction early is refused or caught:
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -192,7 +193,8 @@ class DjangoWork(HostedWork):
         finally:
             guard.active = False
             if sqlite:
-                self.raw.set_authorizer(None)
+                with contextlib.suppress(sqlite3.ProgrammingError):  # closed by the handler
+                    self.raw.set_authorizer(None)
         self._check(guard, track_failures=sqlite)
 
     def _check(self, guard: TxGuard, *, track_failures: bool) -> None:
