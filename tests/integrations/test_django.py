@@ -347,3 +347,12 @@ def test_jobfence_imports_without_django_and_the_integration_names_the_extra() -
         "MissingExtra jobfence.integrations.django needs jobfence[django]: "
         "pip install 'jobfence[django]'"
     ), done.stdout + done.stderr
+
+
+def test_the_projects_own_tests_see_jobfence_in_djangos_test_database(shop: Shop) -> None:
+    """`manage.py test`: Django creates (and drops) its test database and migrates it; the
+    post_migrate hook gives it jobfence's tables, so enqueue inside atomic() is testable."""
+    done = shop.manage("test", "shop", "--noinput", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Ran 2 tests" in done.stderr
+    assert "OK" in done.stderr

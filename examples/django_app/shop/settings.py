@@ -18,10 +18,13 @@ def _database(url: str) -> dict[str, object]:
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
         # workers and the web process share the file: wait for the write lock, don't fail
+        name = unquote(parts.path[1:])
         return {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": unquote(parts.path[1:]),
+            "NAME": name,
             "OPTIONS": {"timeout": 30},
+            # `manage.py test`: a file, not memory, so jobfence's connection sees it too
+            "TEST": {"NAME": f"{name}.test"},
         }
     return {
         "ENGINE": "django.db.backends.postgresql",
