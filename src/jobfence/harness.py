@@ -31,7 +31,7 @@ from typing import Any
 
 from . import fence, letters
 from .codec import Decoder
-from .db import BatchLost, Database, SyncTx, Tx, current_tx
+from .db import BatchLost, Database, SyncTx, Tx, WorkSource, current_tx
 from .errors import Category, PoisonPayload, Retry, classify, describe, error_code
 from .fence import FenceOutcome
 from .jobs import Delivery, Job
@@ -63,6 +63,8 @@ class Consumer:
     handler: Handler
     decoder: Decoder
     policy: RetryPolicy
+    #: the handler's second parameter is an ORM session (``tx.session``), not ``tx``
+    wants_session: bool = False
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -85,9 +87,12 @@ class Harness:
         payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
         executor: Executor | None = None,
         fence_enabled: bool = True,
+        work: WorkSource | None = None,
     ) -> None:
         self.consumers = consumers
         self.db = db
+        #: what opens each job's transaction: ``db``, or the user's SQLAlchemy engine
+        self.work: WorkSource = work or db
         self.transport = transport
         self.observers = observers
         self.fence_ttl = fence_ttl
@@ -146,7 +151,7 @@ class Harness:
         duration = 0.0
         try:
             async with fence.work(
-                self.db,
+                self.work,
                 consumer.name,
                 delivery,
                 self.fence_ttl,
@@ -187,7 +192,8 @@ class Harness:
     def can_batch(self) -> bool:
         """Group commit needs the queue in the fence's database, and a database that can."""
         return (
-            self.transport.shares_database
+            self.work is self.db
+            and self.transport.shares_database
             and self.transport.queue_db is not None
             and self.db.supports_batch
         )
@@ -353,7 +359,7 @@ class Harness:
             guard.active = True  # the handler holds jobfence's transaction (SPEC H5)
         try:
             if consumer.is_async:
-                result = consumer.handler(job, tx)
+                result = consumer.handler(job, tx.session if consumer.wants_session else tx)
                 if inspect.isawaitable(result):
                     await result
             else:
