@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobfence import (
@@ -25,7 +26,6 @@ from jobfence import (
 )
 from jobfence.deadletters import Actor
 from jobfence.harness import Outcome
-from sqlalchemy import func, select, text
 
 from ..helpers import RunningWorker, eventually, scalar, table
 from .orm_app import Credit, build, create_tables

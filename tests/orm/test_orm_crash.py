@@ -6,14 +6,13 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from ..helpers import eventually, scalar, start_worker, stop_process, table, wait_until
 from .orm_app import Credit, build, create_tables
 
-APP = "tests.sqlalchemy.orm_app:app"
+APP = "tests.orm.orm_app:app"
 
 
 async def rows(url: str) -> list[tuple[str, int]]:

@@ -14,12 +14,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import String
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import jobfence
 from jobfence import Job
-from sqlalchemy import String
 
 
 class Base(DeclarativeBase):
