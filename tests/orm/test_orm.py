@@ -11,8 +11,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
 
 from jobfence import (
     App,
@@ -27,8 +28,8 @@ from jobfence import (
 from jobfence.deadletters import Actor
 from jobfence.harness import Outcome
 
-from ..helpers import RunningWorker, eventually, scalar, table
-from .orm_app import Credit, build, create_tables
+from ..helpers import RunningWorker, eventually, query, scalar, table
+from .orm_app import Credit, build, create_tables, engine_url
 
 FAST = RetryPolicy(
     base=timedelta(seconds=0.05),
@@ -299,3 +300,26 @@ def test_importing_jobfence_does_not_need_sqlalchemy() -> None:
     )
     assert done.stdout.startswith("App(engine=…) needs jobfence[sqlalchemy]: pip install")
     assert len(done.stdout.strip().splitlines()) == 1
+
+
+def test_enqueue_sync_and_outbox_in_a_sync_session(database_url: str) -> None:
+    """Synchronous code: a SQLAlchemy ``Session`` on psycopg or sqlite3 — the job and the
+    event exist only if the session commits."""
+    url = database_url
+    engine = create_engine(engine_url(url).replace("+aiosqlite", ""))
+    app = App(url)
+    try:
+        for job_id, keep in (("sync-kept", True), ("sync-dropped", False)):
+            with Session(engine) as session:
+                session.execute(text("SELECT 1"))
+                app.enqueue_sync("orm.credit", {}, job_id=job_id, session=session)
+                outbox.write_sync(session, "orm.events", {}, event_id=f"ev-{job_id}")
+                if keep:
+                    session.commit()
+                else:
+                    session.rollback()
+    finally:
+        engine.dispose()
+    jobs, events = table(url, "jobs"), table(url, "outbox")
+    assert asyncio.run(query(url, f"SELECT job_id FROM {jobs}")) == [("sync-kept",)]
+    assert asyncio.run(query(url, f"SELECT event_id FROM {events}")) == [("ev-sync-kept",)]
