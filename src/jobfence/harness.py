@@ -31,7 +31,7 @@ from typing import Any
 
 from . import fence, hosted, letters
 from .codec import Decoder
-from .db import BatchLost, Database, SyncTx, Tx, current_tx
+from .db import BatchLost, Database, SyncTx, Tx, WorkSource, current_tx
 from .errors import Category, PoisonPayload, Retry, classify, describe, error_code
 from .fence import FenceOutcome
 from .jobs import Delivery, Job
@@ -63,6 +63,8 @@ class Consumer:
     handler: Handler
     decoder: Decoder
     policy: RetryPolicy
+    #: the handler's second parameter is an ORM session (``tx.session``), not ``tx``
+    wants_session: bool = False
     #: an integration that runs the work in its own transaction (:mod:`jobfence.hosted`)
     host: hosted.WorkHost | None = None
     is_async: bool = field(init=False)
@@ -89,9 +91,12 @@ class Harness:
         payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
         executor: Executor | None = None,
         fence_enabled: bool = True,
+        work: WorkSource | None = None,
     ) -> None:
         self.consumers = consumers
         self.db = db
+        #: what opens each job's transaction: ``db``, or the user's SQLAlchemy engine
+        self.work: WorkSource = work or db
         self.transport = transport
         self.observers = observers
         self.fence_ttl = fence_ttl
@@ -178,10 +183,11 @@ class Harness:
     async def _own(
         self, consumer: Consumer, delivery: Delivery, job: Job[Any], *, ack: bool
     ) -> tuple[FenceOutcome, float]:
-        """The job in jobfence's own work transaction (:func:`jobfence.fence.work`)."""
+        """The job in jobfence's own work transaction (:func:`jobfence.fence.work`), opened by
+        ``self.work`` (the app's database, or its SQLAlchemy engine)."""
         duration = 0.0
         async with fence.work(
-            self.db,
+            self.work,
             consumer.name,
             delivery,
             self.fence_ttl,
@@ -234,7 +240,8 @@ class Harness:
         """Group commit needs the queue in the fence's database, a database that can, and
         jobfence's own work transactions (not an integration's)."""
         return (
-            not any(c.host is not None for c in self.consumers.values())
+            self.work is self.db
+            and not any(c.host is not None for c in self.consumers.values())
             and self.transport.shares_database
             and self.transport.queue_db is not None
             and self.db.supports_batch
@@ -401,7 +408,7 @@ class Harness:
             guard.active = True  # the handler holds jobfence's transaction (SPEC H5)
         try:
             if consumer.is_async:
-                result = consumer.handler(job, tx)
+                result = consumer.handler(job, tx.session if consumer.wants_session else tx)
                 if inspect.isawaitable(result):
                     await result
             else:

@@ -165,6 +165,7 @@ class DjangoApp(App):
         correlation_id: str | None = None,
         delay: timedelta | float | None = None,
         connection: Any = None,
+        session: Any = None,
     ) -> str:
         """Enqueue on Django's connection (``connection``: a Django connection or a handler's
         ``tx``; default ``connections[using]``): inside ``transaction.atomic()`` the job
@@ -182,7 +183,8 @@ class DjangoApp(App):
             job_id=job_id,
             correlation_id=correlation_id,
             delay=delay,
-            connection=self._raw(connection),
+            connection=self._raw(connection) if session is None else connection,
+            session=session,
         )
 
     def write_event(
