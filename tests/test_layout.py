@@ -13,8 +13,8 @@ from jobfence.sql import queries
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "jobfence"
 MAX_LINES = 600
-#: the doors: nothing in the library imports them
-DOORS = ("jobfence.cli", "jobfence.ops", "jobfence.http")
+#: the doors (and the framework integrations): nothing in the library imports them
+DOORS = ("jobfence.cli", "jobfence.ops", "jobfence.http", "jobfence.integrations")
 #: named queries that exist on PostgreSQL only, and why
 POSTGRESQL_ONLY = {
     "batch_ack": "group commit (PostgreSQL only)",

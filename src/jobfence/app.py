@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -12,9 +13,9 @@ from typing import Any, TypeVar
 from . import fence
 from .codec import Decoder, Schema, encode
 from .config import DEFAULT_BATCH_WINDOW, DatabaseURL, check_schema_name, parse_database_url
-from .db import Database, SyncTx, Tx, connect, current_tx
-from .db.adopt import adopt, connect_sync
-from .errors import ConfigurationError, EnqueueError
+from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
+from .db.adopt import adopt_async, connect_sync
+from .errors import ConfigurationError, EnqueueError, extra_needed
 from .fence import DEFAULT_FENCE_TTL
 from .harness import Consumer, Handler
 from .jobs import check_job_id, check_queue
@@ -63,6 +64,41 @@ def check_utf8(name: str, value: str) -> str:
     return value
 
 
+def wants_session(handler: Any) -> bool:
+    """Whether ``handler``'s second parameter is annotated as a SQLAlchemy session
+    (``AsyncSession``, ``Session`` or a subclass), without importing SQLAlchemy."""
+    try:
+        params = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if len(params) < 2:
+        return False
+    annotation = params[1].annotation
+    if isinstance(annotation, str):
+        return annotation.rsplit(".", 1)[-1] in ("AsyncSession", "Session")
+    return isinstance(annotation, type) and any(
+        k.__module__.startswith("sqlalchemy.") and k.__name__ in ("AsyncSession", "Session")
+        for k in annotation.__mro__
+    )
+
+
+def _same_database(a: DatabaseURL, b: DatabaseURL) -> bool:
+    if a.dialect != b.dialect:
+        return False
+    if a.dialect == "sqlite":
+        return a.path.resolve() == b.path.resolve()
+    from urllib.parse import urlsplit
+
+    one, two = urlsplit(a.target), urlsplit(b.target)
+    return (one.hostname, one.port or 5432, one.path) == (two.hostname, two.port or 5432, two.path)
+
+
+def _one_of(connection: Any, session: Any) -> Any:
+    if connection is not None and session is not None:
+        raise EnqueueError("pass connection= or session=, not both")
+    return session if session is not None else connection
+
+
 def _check_database_payloads(jobs: Sequence[OutgoingJob], dialect: str) -> None:
     """The database queue's size limit, for enqueues that write the table directly."""
     check_payload_sizes(
@@ -80,12 +116,20 @@ class App:
     :class:`~jobfence.transports.Transport`); by default the queue is a table next to the
     fence, and acks commit with the work. ``maintenance`` sets what workers do in the
     background: fence cleanup, alert delivery (:class:`~jobfence.maintenance.Maintenance`).
+
+    ``engine``: a SQLAlchemy ``AsyncEngine`` (``pip install 'jobfence[sqlalchemy]'``): each
+    job's transaction runs on it, and a handler gets an ORM session joined to it
+    (``async def handle(job, session: AsyncSession)``, or ``tx.session``); the database URL
+    defaults to the engine's. ``session_options`` go to each such ``AsyncSession``. See
+    docs/integrations/sqlalchemy.md.
     """
 
     def __init__(
         self,
         database_url: str | None = None,
         *,
+        engine: Any = None,
+        session_options: dict[str, Any] | None = None,
         schema: str | None = None,
         transport: str | Transport | None = None,
         fence_ttl: timedelta = DEFAULT_FENCE_TTL,
@@ -95,6 +139,24 @@ class App:
         observers: Sequence[Observer] = (),
         maintenance: Maintenance | None = None,
     ) -> None:
+        self._engine_work: Any = None
+        if engine is not None:
+            with extra_needed("sqlalchemy", "App(engine=…)"):
+                from .db.sqlalchemy import EngineWork
+                from .db.sqlalchemy import database_url as engine_url
+            own = parse_database_url(engine_url(engine), schema)
+            if database_url is not None and not _same_database(
+                parse_database_url(database_url), own
+            ):
+                raise ConfigurationError(
+                    f"the database URL {parse_database_url(database_url).display} is not the "
+                    f"engine's database ({own.display}): the fence must be written in the "
+                    "transaction of the handler's work; drop the URL, or pass the same database"
+                )
+            database_url = database_url or engine_url(engine)
+            self._engine_work = EngineWork(
+                engine, schema=own.schema, session_options=session_options
+            )
         self.url: DatabaseURL = parse_database_url(database_url, schema)
         if lease <= timedelta(0):
             raise ConfigurationError("lease must be a positive duration")
@@ -126,6 +188,11 @@ class App:
         and ``--schema`` do to an app given with ``--app``)."""
         if self.is_open:
             raise ConfigurationError("cannot change the database of an open app")
+        if self._engine_work is not None and (database_url is not None or schema is not None):
+            raise ConfigurationError(
+                "this app is built from a SQLAlchemy engine: its database is the engine's "
+                "(drop --database-url / --schema)"
+            )
         if database_url is not None:
             self.url = parse_database_url(database_url, schema)
             self.auto_migrate = self.url.dialect == "sqlite"
@@ -176,12 +243,16 @@ class App:
         def register(handler: H) -> H:
             if not callable(handler):
                 raise ConfigurationError("@app.consumer must decorate a function")
+            session = wants_session(handler)
+            if session:
+                self._check_session_handler(queue, handler)
             self.consumers[queue] = Consumer(
                 queue=queue,
                 name=name or queue,
                 handler=handler,
                 decoder=decoder,
                 policy=policy,
+                wants_session=session,
             )
             self._check_ttl()
             return handler
@@ -197,6 +268,23 @@ class App:
         """Whether one of this app's consumers takes jobs from ``queue`` (a job enqueued
         anywhere else waits until some other app serves its queue)."""
         return queue in self.consumers
+
+    def _check_session_handler(self, queue: str, handler: Any) -> None:
+        if self._engine_work is None:
+            raise ConfigurationError(
+                f"the handler of {queue!r} takes an ORM session: build the app from your "
+                "SQLAlchemy engine, jobfence.App(engine=engine) (docs/integrations/sqlalchemy.md)"
+            )
+        if not inspect.iscoroutinefunction(handler):
+            raise ConfigurationError(
+                f"the handler of {queue!r} takes a session: make it `async def handle(job, "
+                "session: AsyncSession)` (the app's engine is an AsyncEngine)"
+            )
+
+    @property
+    def work_source(self) -> WorkSource:
+        """What opens each job's transaction: the app's database, or its SQLAlchemy engine."""
+        return self._engine_work if self._engine_work is not None else self.db
 
     def redelivery_exposure(self) -> timedelta:
         """The longest time a delivery of one of this app's jobs can still arrive (the
@@ -256,6 +344,8 @@ class App:
             except BaseException:
                 await db.close()
                 raise
+            if self._engine_work is not None:
+                self._engine_work.db = db
             consumers = {q: c.name for q, c in self.consumers.items()}
             self.observers = Observers(
                 [MetricsObserver(consumers), LogObserver(), *self._extra_observers]
@@ -356,21 +446,26 @@ class App:
         correlation_id: str | None = None,
         delay: timedelta | float | None = None,
         connection: Any = None,
+        session: Any = None,
     ) -> str:
         """Enqueue one job; return its job_id.
 
         With ``connection`` (a handler's ``tx``, a psycopg ``AsyncConnection`` or an aiosqlite
-        ``Connection`` in an open transaction) the job is written in that transaction and
-        exists only if it commits.
+        ``Connection`` in an open transaction) or ``session`` (a SQLAlchemy ``AsyncSession``)
+        the job is written in that transaction and exists only if it commits.
         """
         job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
-        await self.enqueue_many([job], connection=connection)
+        await self.enqueue_many([job], connection=connection, session=session)
         return job.job_id
 
-    async def enqueue_many(self, jobs: Sequence[OutgoingJob], *, connection: Any = None) -> None:
-        """Enqueue jobs made with :meth:`job` in one transaction (or in ``connection``'s)."""
+    async def enqueue_many(
+        self, jobs: Sequence[OutgoingJob], *, connection: Any = None, session: Any = None
+    ) -> None:
+        """Enqueue jobs made with :meth:`job` in one transaction (or in ``connection``'s or
+        ``session``'s)."""
         if not jobs:
             return
+        connection = _one_of(connection, session)
         if connection is None:
             if current_tx.get() is not None and self.url.dialect == "sqlite":
                 raise EnqueueError(
@@ -384,7 +479,7 @@ class App:
             return
         store = self.store_for(connection)
         _check_database_payloads(jobs, store.dialect)
-        await store.enqueue(jobs, tx=self._as_tx(connection))
+        await store.enqueue(jobs, tx=await self._as_tx(connection))
 
     def store_for(self, connection: Any) -> Store:
         if self.is_open and isinstance(self.transport, DatabaseQueue):
@@ -398,8 +493,8 @@ class App:
             )
         return Store(connect(self.url))
 
-    def _as_tx(self, connection: Any) -> Tx:
-        return adopt(
+    async def _as_tx(self, connection: Any) -> Tx:
+        return await adopt_async(
             connection,
             doing="enqueue",
             sync_way="app.enqueue_sync(..., connection=tx)",
@@ -415,13 +510,16 @@ class App:
         correlation_id: str | None = None,
         delay: timedelta | float | None = None,
         connection: Any = None,
+        session: Any = None,
     ) -> str:
         """Enqueue from synchronous code.
 
         With ``connection`` (a psycopg ``Connection``, an ``sqlite3.Connection`` or a plain
-        ``def`` handler's ``tx``) the job joins that transaction; the caller commits. Without
-        it, a short connection of its own is opened and committed.
+        ``def`` handler's ``tx``) or ``session`` (a SQLAlchemy ``Session``) the job joins that
+        transaction; the caller commits. Without it, a short connection of its own is opened
+        and committed.
         """
+        connection = _one_of(connection, session)
         job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
         if isinstance(connection, SyncTx):
             connection._run(self.enqueue_many([job], connection=connection.async_tx))

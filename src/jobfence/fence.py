@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
-from .db import Database, Row, Tx
+from .db import Row, Tx, WorkSource
 from .jobs import Delivery
 from .retry import RetryPolicy
 
@@ -37,7 +37,7 @@ class FenceOutcome(enum.Enum):
 
 
 def plan(
-    db: Database,
+    db: WorkSource,
     consumer: str,
     delivery: Delivery,
     ttl: timedelta,
@@ -80,7 +80,7 @@ def outcome(steps: Sequence[str], results: Sequence[list[Row]]) -> FenceOutcome:
 
 @asynccontextmanager
 async def work(
-    db: Database,
+    db: WorkSource,
     consumer: str,
     delivery: Delivery,
     ttl: timedelta,

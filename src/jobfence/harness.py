@@ -29,9 +29,9 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from . import fence, letters
+from . import fence, hosted, letters
 from .codec import Decoder
-from .db import BatchLost, Database, SyncTx, Tx, current_tx
+from .db import BatchLost, Database, SyncTx, Tx, WorkSource, current_tx
 from .errors import Category, PoisonPayload, Retry, classify, describe, error_code
 from .fence import FenceOutcome
 from .jobs import Delivery, Job
@@ -63,10 +63,16 @@ class Consumer:
     handler: Handler
     decoder: Decoder
     policy: RetryPolicy
+    #: the handler's second parameter is an ORM session (``tx.session``), not ``tx``
+    wants_session: bool = False
+    #: an integration that runs the work in its own transaction (:mod:`jobfence.hosted`)
+    host: hosted.WorkHost | None = None
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
+        if self.host is not None:
+            self.host.check_handler(self.handler, is_async=self.is_async)
 
 
 class _LeaseLost(Exception):
@@ -85,9 +91,12 @@ class Harness:
         payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
         executor: Executor | None = None,
         fence_enabled: bool = True,
+        work: WorkSource | None = None,
     ) -> None:
         self.consumers = consumers
         self.db = db
+        #: what opens each job's transaction: ``db``, or the user's SQLAlchemy engine
+        self.work: WorkSource = work or db
         self.transport = transport
         self.observers = observers
         self.fence_ttl = fence_ttl
@@ -143,23 +152,11 @@ class Harness:
             return screened
         consumer, job = screened
         ack_in_tx = self.transport.shares_database
-        duration = 0.0
         try:
-            async with fence.work(
-                self.db,
-                consumer.name,
-                delivery,
-                self.fence_ttl,
-                ack=ack_in_tx,
-                enabled=self.fence_enabled,
-            ) as (tx, fenced):
-                if fenced is FenceOutcome.LOST:
-                    raise _LeaseLost
-                if fenced is FenceOutcome.FENCED:
-                    self.observers.job_started(job)
-                    started = time.perf_counter()
-                    await self._call(consumer, job, tx)
-                    duration = time.perf_counter() - started
+            if consumer.host is not None:
+                fenced, duration = await self._hosted(consumer, delivery, job, ack=ack_in_tx)
+            else:
+                fenced, duration = await self._own(consumer, delivery, job, ack=ack_in_tx)
         except _LeaseLost:
             self.observers.job_lost(delivery, consumer.name)
             return Outcome.LOST
@@ -183,11 +180,69 @@ class Harness:
         self.observers.job_processed(job, duration)
         return Outcome.PROCESSED
 
+    async def _own(
+        self, consumer: Consumer, delivery: Delivery, job: Job[Any], *, ack: bool
+    ) -> tuple[FenceOutcome, float]:
+        """The job in jobfence's own work transaction (:func:`jobfence.fence.work`), opened by
+        ``self.work`` (the app's database, or its SQLAlchemy engine)."""
+        duration = 0.0
+        async with fence.work(
+            self.work,
+            consumer.name,
+            delivery,
+            self.fence_ttl,
+            ack=ack,
+            enabled=self.fence_enabled,
+        ) as (tx, fenced):
+            if fenced is FenceOutcome.LOST:
+                raise _LeaseLost
+            if fenced is FenceOutcome.FENCED:
+                self.observers.job_started(job)
+                started = time.perf_counter()
+                await self._call(consumer, job, tx)
+                duration = time.perf_counter() - started
+        return fenced, duration
+
+    async def _hosted(
+        self, consumer: Consumer, delivery: Delivery, job: Job[Any], *, ack: bool
+    ) -> tuple[FenceOutcome, float]:
+        """The job in its integration's transaction (:mod:`jobfence.hosted`), in a worker
+        thread: the fence steps, the handler and the commit all on the ORM's connection."""
+        host = consumer.host
+        assert host is not None
+        steps, params = fence.plan(
+            self.db, consumer.name, delivery, self.fence_ttl, ack=ack, enabled=self.fence_enabled
+        )
+        loop = asyncio.get_running_loop()
+        took: list[float] = []
+
+        def call(lent: Any) -> None:
+            loop.call_soon_threadsafe(self.observers.job_started, job)
+            began = time.perf_counter()
+            try:
+                consumer.handler(job, lent)
+            finally:
+                took.append(time.perf_counter() - began)
+
+        run = partial(contextvars.copy_context().run, hosted.run, host, steps, params, call)
+        try:
+            fenced = await loop.run_in_executor(self.executor, run)
+        finally:
+            if took:
+                last = self.handler_time
+                self.handler_time = took[0] if last is None else 0.8 * last + 0.2 * took[0]
+        if fenced is FenceOutcome.LOST:
+            raise _LeaseLost
+        return fenced, (took[0] if took else 0.0)
+
     @property
     def can_batch(self) -> bool:
-        """Group commit needs the queue in the fence's database, and a database that can."""
+        """Group commit needs the queue in the fence's database, a database that can, and
+        jobfence's own work transactions (not an integration's)."""
         return (
-            self.transport.shares_database
+            self.work is self.db
+            and not any(c.host is not None for c in self.consumers.values())
+            and self.transport.shares_database
             and self.transport.queue_db is not None
             and self.db.supports_batch
         )
@@ -353,7 +408,7 @@ class Harness:
             guard.active = True  # the handler holds jobfence's transaction (SPEC H5)
         try:
             if consumer.is_async:
-                result = consumer.handler(job, tx)
+                result = consumer.handler(job, tx.session if consumer.wants_session else tx)
                 if inspect.isawaitable(result):
                     await result
             else:

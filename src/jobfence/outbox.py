@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .db import Database, to_datetime
-from .db.adopt import SyncConnection, adopt
+from .db.adopt import SyncConnection, adopt_async
 from .errors import (
     ConfigurationError,
     EnqueueError,
@@ -100,15 +100,16 @@ async def write(
     """Write one event in the caller's open transaction; return its event id.
 
     ``connection``: a jobfence :class:`~jobfence.db.Tx` (a handler's ``tx`` or one from
-    ``db.transaction()``), a psycopg ``AsyncConnection`` or an aiosqlite ``Connection``, inside
-    a transaction the caller commits. ``event_id`` defaults to a new UUID; it becomes the
-    job_id the consumer fences on. ``key`` orders events: events with one key are published in
-    the order they were written. Raises :class:`~jobfence.errors.EnqueueError` for a bad event
-    or an event id already in the outbox (without aborting the transaction). ``schema``:
-    where jobfence's tables are on PostgreSQL (default ``$JOBFENCE_SCHEMA``, else ``core``).
+    ``db.transaction()``), a psycopg ``AsyncConnection``, an aiosqlite ``Connection`` or a
+    SQLAlchemy ``AsyncSession``, inside a transaction the caller commits. ``event_id``
+    defaults to a new UUID; it becomes the job_id the consumer fences on. ``key`` orders
+    events: events with one key are published in the order they were written. Raises
+    :class:`~jobfence.errors.EnqueueError` for a bad event or an event id already in the
+    outbox (without aborting the transaction). ``schema``: where jobfence's tables are on
+    PostgreSQL (default ``$JOBFENCE_SCHEMA``, else ``core``).
     """
     params = _event(queue, payload, event_id, key, correlation_id)
-    tx = adopt(
+    tx = await adopt_async(
         connection,
         doing="write an outbox event",
         sync_way="outbox.write_sync(tx, ...)",

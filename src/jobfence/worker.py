@@ -151,6 +151,7 @@ class Worker:
             payload_limit=app.payload_limit,
             executor=executor,
             fence_enabled=app._fence_enabled,
+            work=app.work_source,
         )
         background = [
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, LiteralString
+from typing import Any, LiteralString, Protocol
 
 from ..config import DatabaseURL
 from ..errors import ConfigurationError, TransactionBoundaryError
@@ -184,6 +184,9 @@ class Tx(ABC):
     paramstyle: str
     #: set on transactions lent to handlers
     guard: TxGuard | None = None
+    #: the ORM session joined to this transaction, on an app built from a SQLAlchemy engine
+    #: (``App(engine=…)``; see docs/integrations/sqlalchemy.md); else None
+    session: Any = None
 
     @asynccontextmanager
     async def savepoint(self) -> AsyncIterator[Tx]:
@@ -369,6 +372,17 @@ class Database(ABC):
         return self.url.display
 
 
+class WorkSource(Protocol):
+    """What opens a job's transaction (:meth:`Database.work`): jobfence's own pool, or the
+    user's SQLAlchemy engine (:class:`jobfence.db.sqlalchemy.EngineWork`)."""
+
+    dialect: Dialect
+
+    def work(
+        self, steps: Sequence[str], params: Mapping[str, Any]
+    ) -> AbstractAsyncContextManager[tuple[Tx, list[list[Row]]]]: ...
+
+
 def connect(url: DatabaseURL) -> Database:
     """A (not yet opened) :class:`Database` for a URL."""
     if url.dialect == "postgresql":
@@ -392,6 +406,7 @@ __all__ = [
     "SyncTx",
     "Tx",
     "TxGuard",
+    "WorkSource",
     "connect",
     "current_tx",
     "is_data_error",

@@ -13,7 +13,7 @@ import aiosqlite
 import psycopg
 
 from ..config import DatabaseURL, env_schema
-from ..errors import EnqueueError
+from ..errors import EnqueueError, extra_needed
 from ..sql import Dialect, queries
 from . import Row, SyncTx, Tx
 
@@ -41,6 +41,23 @@ def adopt(connection: Any, *, doing: str, sync_way: str, schema: str | None = No
     )
 
 
+def is_sqlalchemy(obj: Any) -> bool:
+    """Whether ``obj`` is a SQLAlchemy session or connection (imports nothing)."""
+    return type(obj).__module__.startswith("sqlalchemy.")
+
+
+async def adopt_async(
+    connection: Any, *, doing: str, sync_way: str, schema: str | None = None
+) -> Tx:
+    """:func:`adopt`, and also a SQLAlchemy ``AsyncSession`` or ``AsyncConnection``: jobfence's
+    statements run in the transaction the session holds (begun now if it had not begun)."""
+    if is_sqlalchemy(connection):
+        with extra_needed("sqlalchemy", f"{doing} in a SQLAlchemy session"):
+            from .sqlalchemy import driver_connection
+        connection = await driver_connection(connection)
+    return adopt(connection, doing=doing, sync_way=sync_way, schema=schema)
+
+
 @contextmanager
 def connect_sync(url: DatabaseURL) -> Iterator[Any]:
     """A short synchronous connection of jobfence's own (for ``enqueue_sync`` without the
@@ -59,7 +76,8 @@ def connect_sync(url: DatabaseURL) -> Iterator[Any]:
 
 class SyncConnection:
     """A caller's *synchronous* connection (psycopg ``Connection``, ``sqlite3.Connection``,
-    or a ``def`` handler's :class:`SyncTx`), running jobfence's named statements inside the
+    a SQLAlchemy ``Session``/``Connection`` on one of them, or a ``def`` handler's
+    :class:`SyncTx`), running jobfence's named statements inside the
     caller's transaction; the caller commits."""
 
     def __init__(
@@ -70,6 +88,10 @@ class SyncConnection:
         dialect: Dialect | None = None,
         schema: str | None = None,
     ) -> None:
+        if is_sqlalchemy(connection):
+            with extra_needed("sqlalchemy", f"{doing} in a SQLAlchemy session"):
+                from .sqlalchemy import sync_driver_connection
+            connection = sync_driver_connection(connection)
         if isinstance(connection, SyncTx):
             found: Dialect = connection.dialect
         elif isinstance(connection, sqlite3.Connection):

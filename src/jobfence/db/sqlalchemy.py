@@ -1,0 +1,335 @@
+"""SQLAlchemy 2: the job's transaction on the user's engine, with an ORM session joined to it.
+
+Optional (``pip install 'jobfence[sqlalchemy]'``): nothing imports this module unless an app
+is built from an engine (``App(engine=…)``) or a session is handed to ``enqueue``/``outbox``.
+
+How the guarantee holds (SPEC F2, H5) when the handler works through the ORM:
+
+- :class:`EngineWork` opens the job's transaction on a connection of the user's engine and
+  writes the fence (and the queue row's ack) there first, through the same driver connection
+  SQLAlchemy uses; the handler's session is bound to that connection with
+  ``join_transaction_mode="create_savepoint"`` — SQLAlchemy's own recipe for "joining a
+  Session into an external transaction". ``session.commit()`` releases a savepoint and
+  ``session.rollback()`` rolls back to it: neither ends the job's transaction.
+- Ending the job's transaction from the handler is refused: ``commit()``/``rollback()`` of the
+  connection (``await session.connection()``) by a connection event, COMMIT/ROLLBACK text by
+  the statement screen, and, below SQLAlchemy, the driver's own ``commit()`` by PostgreSQL's
+  server-side guards (``core.fence_begin``/``fence_commit``) and SQLite's authorizer. A refused
+  statement fails the job even if the handler catches the error.
+- jobfence flushes the session (releasing its savepoint) when the handler returns, checks
+  the boundary, and commits the fence, the ack and the ORM work in one COMMIT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, LiteralString
+
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+
+from ..errors import ConfigurationError, EnqueueError, TransactionBoundaryError
+from ..sql import Dialect, queries
+from . import Database, Params, Row, Tx, TxGuard, aborted, ended, refusal
+
+_DRIVERS: dict[str, tuple[Dialect, str]] = {
+    # SQLAlchemy dialect name, driver → jobfence dialect, what jobfence adopts
+    "postgresql+psycopg": ("postgresql", "psycopg"),
+    "postgresql+psycopg_async": ("postgresql", "psycopg"),
+    "sqlite+aiosqlite": ("sqlite", "aiosqlite"),
+    "sqlite+pysqlite": ("sqlite", "sqlite3"),
+}
+_tokens = itertools.count(1)
+_PID = os.getpid()
+
+
+def _kind(engine: Engine | AsyncEngine) -> Dialect:
+    dialect = engine.dialect
+    key = f"{dialect.name}+{dialect.driver}"
+    if key not in _DRIVERS:
+        raise ConfigurationError(
+            f"jobfence works with SQLAlchemy engines on psycopg 3 (postgresql+psycopg://) or "
+            f"SQLite (sqlite+aiosqlite://, sqlite://), not {key}"
+        )
+    return _DRIVERS[key][0]
+
+
+def database_url(engine: Engine | AsyncEngine) -> str:
+    """The jobfence database URL of ``engine``'s database (the same server and database, or
+    the same SQLite file; credentials included)."""
+    kind = _kind(engine)
+    url = engine.url
+    if kind == "sqlite":
+        path = url.database or ""
+        if not path or path == ":memory:":
+            raise ConfigurationError(
+                "jobfence needs a SQLite file (sqlite+aiosqlite:///jobs.db): an in-memory "
+                "database cannot be shared by the worker's connections"
+            )
+        return f"sqlite:///{path}"
+    bare = url.set(drivername="postgresql", query={})
+    return bare.render_as_string(hide_password=False)
+
+
+async def driver_connection(obj: Any) -> Any:
+    """The driver connection under an ``AsyncSession`` or ``AsyncConnection`` (psycopg
+    ``AsyncConnection`` or aiosqlite ``Connection``), in the transaction the session holds
+    (begun now if it had not begun)."""
+    if isinstance(obj, AsyncSession):
+        obj = await obj.connection()
+    if not isinstance(obj, AsyncConnection):
+        raise EnqueueError(
+            f"cannot use a {type(obj).__name__} here; pass an AsyncSession or AsyncConnection "
+            "(synchronous Session/Connection: use enqueue_sync / outbox.write_sync)"
+        )
+    if not obj.in_transaction():
+        await obj.begin()
+    raw = await obj.get_raw_connection()
+    return raw.driver_connection
+
+
+def sync_driver_connection(obj: Any) -> Any:
+    """The driver connection under a ``Session`` or ``Connection`` (psycopg ``Connection`` or
+    ``sqlite3.Connection``), in the transaction the session holds."""
+    if isinstance(obj, Session):
+        obj = obj.connection()
+    if not isinstance(obj, Connection):
+        raise EnqueueError(
+            f"cannot use a {type(obj).__name__} here; pass a Session or Connection (an "
+            "AsyncSession: use `await app.enqueue(..., session=session)`)"
+        )
+    if not obj.in_transaction():
+        obj.begin()
+    return obj.connection.driver_connection
+
+
+class _Lend:
+    """What watches a lent SQLAlchemy connection while the handler runs: transaction control
+    on the connection is refused (the job fails, whatever the handler does with the error)."""
+
+    def __init__(self, guard: TxGuard) -> None:
+        self.guard = guard
+
+    def attach(self, conn: Connection) -> None:
+        event.listen(conn, "commit", self._commit)
+        event.listen(conn, "rollback", self._rollback)
+        event.listen(conn, "before_cursor_execute", self._statement)
+
+    def _refuse(self, verb: str) -> None:
+        if self.guard.active:
+            self.guard.refused = self.guard.refused or verb
+            raise refusal(verb)
+
+    def _commit(self, _conn: Connection) -> None:
+        self._refuse("COMMIT (connection.commit())")
+
+    def _rollback(self, _conn: Connection) -> None:
+        self._refuse("ROLLBACK (connection.rollback())")
+
+    def _statement(self, _conn: Connection, _cur: Any, statement: str, *_: Any) -> None:
+        self.guard.screen(statement)
+
+
+def _screened(tx: Tx) -> Tx:
+    """``tx``'s statements screened while a handler holds it (the driver connection is the
+    engine's, not one of jobfence's guarded connections)."""
+    execute, fetchall = tx.execute, tx.fetchall
+
+    async def screened_execute(sql: str, params: Params = None) -> int:
+        if tx.guard is not None:
+            tx.guard.screen(sql)
+        return await execute(sql, params)
+
+    async def screened_fetchall(sql: str, params: Params = None) -> list[tuple[Any, ...]]:
+        if tx.guard is not None:
+            tx.guard.screen(sql)
+        return await fetchall(sql, params)
+
+    tx.execute = screened_execute  # type: ignore[method-assign]
+    tx.fetchall = screened_fetchall  # type: ignore[method-assign]
+    return tx
+
+
+def _driver_tx(driver: Any, sql: Mapping[str, LiteralString], dialect: Dialect) -> Tx:
+    if dialect == "postgresql":
+        from .postgres import PgTx
+
+        return _screened(PgTx(driver, sql))
+    from .sqlite import SqliteTx
+
+    return SqliteTx(driver, sql)  # SqliteTx screens its statements itself
+
+
+class EngineWork:
+    """Opens each job's transaction on the user's ``AsyncEngine`` (see the module's doc);
+    what :func:`jobfence.fence.work` asks of a database for it. ``session_options`` go to
+    every ``AsyncSession`` handed to a handler (``expire_on_commit``, ``info``…)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        schema: str,
+        session_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(engine, AsyncEngine):
+            raise ConfigurationError(
+                f"App(engine=…) takes an AsyncEngine (create_async_engine), not "
+                f"{type(engine).__name__}"
+            )
+        self.engine = engine
+        self.dialect: Dialect = _kind(engine)
+        self.sql = queries(self.dialect, schema)
+        self.session_options = dict(session_options or {})
+        self.session_options.setdefault("expire_on_commit", False)
+        #: jobfence's own database for the same file: on SQLite its writer lock is taken too,
+        #: so that the worker's own writes and the jobs' queue up instead of busy-waiting
+        self.db: Database | None = None
+
+    def _lock(self) -> asyncio.Lock | None:
+        lock = getattr(self.db, "lock", None) if self.dialect == "sqlite" else None
+        return lock if isinstance(lock, asyncio.Lock) else None
+
+    @asynccontextmanager
+    async def work(
+        self, steps: Sequence[str], params: Mapping[str, Any]
+    ) -> AsyncIterator[tuple[Tx, list[list[Row]]]]:
+        lock = self._lock()
+        async with (
+            lock if lock is not None else contextlib.nullcontext(),
+            self.engine.connect() as conn,
+            self._lent(conn, steps, params) as lent,
+        ):
+            yield lent
+
+    @asynccontextmanager
+    async def _lent(
+        self, conn: AsyncConnection, steps: Sequence[str], params: Mapping[str, Any]
+    ) -> AsyncIterator[tuple[Tx, list[list[Row]]]]:
+        outer = await conn.begin()
+        driver: Any = (await conn.get_raw_connection()).driver_connection
+        tx = _driver_tx(driver, self.sql, self.dialect)
+        guard = TxGuard()
+        params = {**params, "jobfence_tx": f"{_PID}.sa.{next(_tokens)}"}
+        authorizer = None
+        try:
+            if self.dialect == "sqlite":
+                if not driver.in_transaction:
+                    await driver.execute("BEGIN IMMEDIATE -- jobfence")
+            else:
+                await tx.q("lend_begin", params)
+            results = [await tx.q(step, params) for step in steps]
+            session = AsyncSession(
+                bind=conn, join_transaction_mode="create_savepoint", **self.session_options
+            )
+            tx.session = session
+            tx.guard = guard
+            _Lend(guard).attach(conn._proxied)
+            if self.dialect == "sqlite":
+                from .sqlite import _Lent
+
+                authorizer = _Lent()
+                authorizer.guard = guard
+                await driver.set_authorizer(authorizer.authorize)
+            try:
+                yield tx, results
+            finally:
+                guard.active = False
+                if authorizer is not None:
+                    await driver.set_authorizer(None)
+            problem = guard.problem(track_failures=self.dialect == "sqlite") or _status(
+                conn, outer, driver, self.dialect
+            )
+            if problem is not None:
+                raise problem
+            try:
+                if session.in_transaction():
+                    await session.commit()  # flushes; releases the session's savepoint
+                await session.close()
+            except Exception as exc:
+                # e.g. the savepoint is gone because the transaction was ended below
+                # SQLAlchemy (the driver's own commit): say so rather than what it broke
+                problem = await _lost(tx, conn, outer, driver, self.dialect, params)
+                if problem is not None:
+                    raise problem from exc
+                raise
+            problem = _status(conn, outer, driver, self.dialect)
+            if problem is not None:
+                raise problem
+            if self.dialect == "postgresql":
+                await _lend_commit(tx, params)
+            await outer.commit()
+        except BaseException:
+            await asyncio.shield(_abandon(tx, driver))
+            raise
+
+
+def _status(
+    conn: AsyncConnection, outer: Any, driver: Any, dialect: Dialect
+) -> TransactionBoundaryError | None:
+    """What the client side knows before COMMIT: the job's transaction must still be the one
+    jobfence began, and (PostgreSQL) not aborted by a failed statement."""
+    if not outer.is_active or conn.get_transaction() is not outer:
+        return ended("ended or replaced")
+    if dialect == "sqlite":
+        return None if driver.in_transaction else ended("rolled back")
+    from psycopg.pq import TransactionStatus
+
+    status = driver.pgconn.transaction_status
+    if status == TransactionStatus.INERROR:
+        return aborted(None, caught=True)
+    if status == TransactionStatus.IDLE:
+        return ended("committed or rolled back")
+    return None
+
+
+async def _lost(
+    tx: Tx,
+    conn: AsyncConnection,
+    outer: Any,
+    driver: Any,
+    dialect: Dialect,
+    params: Mapping[str, Any],
+) -> TransactionBoundaryError | None:
+    """Whether the job's transaction is no longer the one jobfence began."""
+    problem = _status(conn, outer, driver, dialect)
+    if problem is not None or dialect != "postgresql":
+        return problem
+    try:
+        async with driver.cursor() as cur:
+            await cur.execute("SELECT current_setting('jobfence.tx', true)")
+            row = await cur.fetchone()
+    except Exception:
+        return None
+    return None if row and row[0] == params["jobfence_tx"] else ended("ended or replaced")
+
+
+async def _lend_commit(tx: Tx, params: Mapping[str, Any]) -> None:
+    import psycopg
+
+    from .postgres import _boundary_error
+
+    try:
+        await tx.q("lend_commit", params)
+    except psycopg.Error as exc:
+        problem = _boundary_error(exc)
+        if problem is not None:
+            raise problem from exc
+        raise
+
+
+async def _abandon(tx: Tx, driver: Any) -> None:
+    """Roll the job's transaction back at the driver, whatever state SQLAlchemy's objects are
+    in after a refused commit (the connection then goes back to the engine's pool)."""
+    session = getattr(tx, "session", None)
+    if session is not None:
+        with contextlib.suppress(Exception):
+            await session.close()
+    with contextlib.suppress(Exception):
+        await driver.rollback()

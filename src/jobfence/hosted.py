@@ -1,0 +1,76 @@
+"""Work transactions an integration provides: the fence in an ORM's own transaction.
+
+By default a job runs in a transaction jobfence opens on its own connection
+(:func:`jobfence.fence.work`). An ORM integration (Django) instead *hosts* the work: it opens
+the transaction on the ORM's connection, runs jobfence's fence steps there first, lends it to
+the handler, checks the boundary and commits — so the ORM's writes and the fence commit or
+roll back together (SPEC F2, H5). The whole job runs in one worker thread, because ORM
+connections belong to the thread that opened them.
+
+The harness keeps every decision: it plans the steps (:func:`jobfence.fence.plan`), reads
+their outcome (:func:`jobfence.fence.outcome`) and handles failures as on its own path; a
+host only provides the transaction.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from .db import Row
+from .fence import FenceOutcome, outcome
+
+
+class HostedWork(ABC):
+    """One open transaction on the integration's connection."""
+
+    @abstractmethod
+    def run(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        """One of jobfence's named statements inside the transaction; rows as dicts."""
+
+    @abstractmethod
+    def lend(self) -> AbstractContextManager[Any]:
+        """While the handler runs: yields what the handler receives as its second argument,
+        guards the transaction (a handler may not end it), and on a normal exit raises
+        :class:`~jobfence.errors.TransactionBoundaryError` if the transaction cannot commit
+        with the fence (ended, aborted, or marked for rollback)."""
+
+
+class WorkHost(ABC):
+    """Where an integration's handlers run their work (see the module's docstring)."""
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[HostedWork]:
+        """Open the transaction (in the calling worker thread); commit when the block ends
+        normally, roll back if it raises."""
+
+    def check_handler(self, handler: Callable[..., Any], *, is_async: bool) -> None:
+        """Refuse, at registration, a handler this host cannot run (e.g. ``async def``)."""
+
+
+class _Lost(Exception):
+    """Rolls back the hosted transaction of a delivery whose lease was taken over."""
+
+
+def run(
+    host: WorkHost,
+    steps: Sequence[str],
+    params: Mapping[str, Any],
+    call: Callable[[Any], None],
+) -> FenceOutcome:
+    """The job's work in ``host``'s transaction: the fence ``steps`` first, then, when the job
+    is fenced for the first time, ``call(handler_argument)``; then COMMIT. Runs in a worker
+    thread; raises what the handler (or the boundary check) raised, after the rollback."""
+    try:
+        with host.transaction() as work:
+            found = outcome(steps, [work.run(step, params) for step in steps])
+            if found is FenceOutcome.LOST:
+                raise _Lost
+            if found is FenceOutcome.FENCED:
+                with work.lend() as lent:
+                    call(lent)
+            return found
+    except _Lost:
+        return FenceOutcome.LOST
