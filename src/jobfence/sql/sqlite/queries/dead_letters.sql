@@ -8,8 +8,9 @@ INSERT INTO core_dead_letters (
 VALUES (
     :queue, :consumer, :job_id, :correlation_id, :payload, :payload_size, :payload_truncated,
     :attempts, :category, :error_code, :error,
-    json_insert(:history, '$[#]', json_object(
-        'attempt', :attempts, 'at', {NOW_ISO}, 'category', :category, 'error', :error)),
+    json_insert(:history, '$[#]', json_patch(json_object(
+        'attempt', :attempts, 'at', {NOW_ISO}, 'category', :category, 'error', :error),
+        json_object('trace', :trace))),
     :enqueued_at, {NOW}, :partner,
     -- a replayed job that fails again links to the letter it was replayed from
     (SELECT max(id) FROM core_dead_letters
@@ -68,8 +69,8 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'pending_review'
 RETURNING id
 
 -- name: dl_requeue
-INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at)
-SELECT queue, job_id, correlation_id, payload, {NOW}, {NOW}
+INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner)
+SELECT queue, job_id, correlation_id, payload, {NOW}, {NOW}, partner
 FROM core_dead_letters
 WHERE id IN (SELECT value FROM json_each(:ids))
 ORDER BY id
