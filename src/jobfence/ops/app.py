@@ -39,11 +39,13 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
     jobfence_app: App | None = None,
     close_app: bool | None = None,
+    console: bool = True,
 ) -> FastAPI:
     """The ops API over the jobfence database at ``database_url`` (replays republish to
     ``transport``, by default the database queue). Pass ``jobfence_app`` to reuse an app
     (opened already, so that start-up failures surface before the server starts); the
-    lifespan closes it at shutdown only with ``close_app=True`` (default: only its own)."""
+    lifespan closes it at shutdown only with ``close_app=True`` (default: only its own).
+    ``console``: also serve the operators' console under ``/ui`` (:mod:`jobfence.ops.ui`)."""
     closes = jobfence_app is None if close_app is None else close_app
     ops = OpsState(
         jobfence_app or App(database_url, transport=transport), f"ops:{default_holder()}"
@@ -96,4 +98,8 @@ def create_app(
     api.include_router(replays.router)
     api.include_router(audit.router)
     api.include_router(outbox.router(), prefix="/v1")  # outbox listing and re-drive
+    if console:
+        from .ui import install
+
+        install(api)  # the operators' console under /ui (after the handlers it wraps)
     return api

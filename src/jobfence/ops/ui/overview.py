@@ -1,0 +1,63 @@
+"""The overview: per queue, what waits, runs, retries and failed; the last hour as a chart."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from ... import deadletters as service
+from ..deps import actor_of, jobfence_app
+from .render import chart, page
+from .session import User, signed_in
+
+router = APIRouter()
+SIGNED_IN: Any = Depends(signed_in)
+
+
+async def _per_minute(db: Any, name: str, params: dict[str, Any]) -> dict[int, int]:
+    rows = await db.run(name, params)
+    return {int(r["ago"]): int(r["n"]) for r in rows if 0 <= int(r["ago"]) < 60}
+
+
+@router.get("/ui/")
+async def overview(request: Request, user: User = SIGNED_IN) -> Response:
+    return page(request, "overview.html", user, **await overview_data(request, user))
+
+
+@router.get("/ui/overview-panel")
+async def overview_panel(request: Request, user: User = SIGNED_IN) -> Response:
+    """The overview's content alone (htmx refreshes it every few seconds)."""
+    return page(request, "_overview_panel.html", user, **await overview_data(request, user))
+
+
+async def overview_data(request: Request, user: User) -> dict[str, Any]:
+    jf = jobfence_app(request)
+    actor = actor_of(user.principal)
+    found = await service.stats(jf.db, actor=actor, queue_db=jf.transport.queue_db)
+    queues: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"waiting": 0, "running": 0, "retrying": 0, "letters": {}, "paused": False}
+    )
+    categories: set[str] = set()
+    for row in found.letters:
+        if row["status"] == "pending_review":
+            queues[row["queue"]]["letters"][row["category"]] = row["letters"]
+            categories.add(row["category"])
+        else:
+            queues[row["queue"]]  # the queue exists
+    for row in found.queue_depth or []:
+        state = "running" if row["state"] == "running" else "waiting"
+        queues[row["queue"]][state] += row["jobs"]
+    scoped = user.principal.partner is not None
+    done = {} if scoped else await _per_minute(jf.db, "console_done_per_minute", {})
+    failed = await _per_minute(
+        jf.db, "console_failed_per_minute", {"partner": user.principal.partner}
+    )
+    return {
+        "queues": sorted(queues.items()),
+        "categories": sorted(categories),
+        "depth_known": found.queue_depth is not None,
+        "chart": chart(done, failed, show_done=not scoped),
+    }
