@@ -32,22 +32,35 @@ class AttemptRecord:
     category: str
     error: str
     retry_at: str | None = None
+    #: the attempt's traceback: the last :data:`TRACE_LIMIT` bytes of it, frames only (no
+    #: locals, no payload); None when the attempt raised nothing (a lost worker) or the
+    #: transport had no room for it (see docs/job-control.md)
+    trace: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AttemptRecord:
+        trace = data.get("trace")
         return cls(
             attempt=int(data.get("attempt", 0)),
             at=str(data.get("at", "")),
             category=str(data.get("category", "")),
             error=str(data.get("error", "")),
             retry_at=data.get("retry_at"),
+            trace=str(trace) if trace else None,
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored: without ``trace`` when there is none."""
+        data = asdict(self)
+        if data["trace"] is None:
+            del data["trace"]
+        return data
 
 
 def history_json(history: Iterable[AttemptRecord]) -> str:
     """A job's attempt history as stored (queue rows, dead letters, broker headers): the one
     writer; :func:`history_from` is the one reader."""
-    return json.dumps([asdict(h) for h in history], separators=(",", ":"), ensure_ascii=False)
+    return json.dumps([h.to_json() for h in history], separators=(",", ":"), ensure_ascii=False)
 
 
 def history_from(value: Any) -> list[AttemptRecord]:
@@ -104,6 +117,38 @@ class Job(Generic[T]):
     @property
     def is_retry(self) -> bool:
         return self.attempt > 1
+
+
+#: Top-level field of a JSON-object payload that names the partner (tenant) a job belongs to.
+PARTNER_FIELD = "partner_id"
+_PARTNER_SCAN_LIMIT = 1024 * 1024
+_PARTNER_KEY = PARTNER_FIELD.encode()
+
+
+def partner_of(payload: bytes) -> str | None:
+    """The partner of a job: ``payload["partner_id"]`` when the payload is a JSON object whose
+    ``partner_id`` is a non-blank string of at most 200 characters; otherwise None. Payloads
+    over 1 MiB, invalid JSON or absurd nesting are simply "no partner". Read at enqueue (the
+    queue row's partner) and when a job is dead-lettered: a payload that cannot name the key
+    (neither the key's bytes nor a ``\\u`` escape in it) is not parsed."""
+    if len(payload) > _PARTNER_SCAN_LIMIT or (
+        _PARTNER_KEY not in payload and b"\\u" not in payload
+    ):
+        return None
+    if payload.lstrip()[:1] != b"{":
+        return None
+    try:
+        data = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    value = data.get(PARTNER_FIELD) if isinstance(data, dict) else None
+    if not isinstance(value, str) or not value.strip() or len(value) > 200 or "\x00" in value:
+        return None
+    try:
+        value.encode("utf-8")  # a lone surrogate is no name
+    except UnicodeEncodeError:
+        return None
+    return value
 
 
 def check_job_id(job_id: object) -> str:

@@ -9,7 +9,6 @@ Reviewing letters (replay, discard, audit) is :mod:`jobfence.deadletters`; bulk 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -17,7 +16,9 @@ from typing import Any
 
 from .db import Database, Tx, to_datetime
 from .errors import Category
+from .jobs import PARTNER_FIELD as PARTNER_FIELD  # re-exported: where letters always had it
 from .jobs import AttemptRecord, Delivery, history_from, history_json
+from .jobs import partner_of as partner_of
 
 DEFAULT_PAYLOAD_LIMIT = 10 * 1024 * 1024
 
@@ -54,31 +55,6 @@ class DeadLetter:
             value = data[key]
             data[key] = value.isoformat() if value is not None else None
         return data
-
-
-#: Top-level field of a JSON-object payload that names the partner (tenant) a job belongs to.
-PARTNER_FIELD = "partner_id"
-_PARTNER_SCAN_LIMIT = 1024 * 1024
-
-
-def partner_of(payload: bytes) -> str | None:
-    """The partner of a job: ``payload["partner_id"]`` when the payload is a JSON object whose
-    ``partner_id`` is a non-blank string of at most 200 characters; otherwise None. Payloads
-    over 1 MiB, invalid JSON or absurd nesting are simply "no partner"."""
-    if len(payload) > _PARTNER_SCAN_LIMIT or payload.lstrip()[:1] != b"{":
-        return None
-    try:
-        data = json.loads(payload)
-    except (ValueError, RecursionError):
-        return None
-    value = data.get(PARTNER_FIELD) if isinstance(data, dict) else None
-    if not isinstance(value, str) or not value.strip() or len(value) > 200 or "\x00" in value:
-        return None
-    try:
-        value.encode("utf-8")  # a lone surrogate is no name
-    except UnicodeEncodeError:
-        return None
-    return value
 
 
 async def write(

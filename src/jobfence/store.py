@@ -14,6 +14,7 @@ from typing import Any
 from .db import Database, Tx
 from .db.adopt import SyncConnection
 from .errors import SchemaError
+from .jobs import partner_of
 from .sql import DEFAULT_SCHEMA, Dialect, migrations
 
 #: from this many jobs on, a bulk enqueue on PostgreSQL uses COPY instead of batched INSERTs
@@ -37,6 +38,7 @@ class OutgoingJob:
             "payload": self.payload,
             "correlation_id": self.correlation_id,
             "delay": float(self.delay),
+            "partner": partner_of(self.payload),
         }
 
 
@@ -107,8 +109,11 @@ class Store:
         if len(params) == 1:
             await tx.q("enqueue", params[0])
         elif len(params) >= COPY_THRESHOLD and tx.can_copy and not any(p["delay"] for p in params):
-            rows = ((p["queue"], p["job_id"], p["correlation_id"], p["payload"]) for p in params)
-            await tx.copy("copy_jobs", rows, ["text", "text", "text", "bytea"])
+            rows = (
+                (p["queue"], p["job_id"], p["correlation_id"], p["payload"], p["partner"])
+                for p in params
+            )
+            await tx.copy("copy_jobs", rows, ["text", "text", "text", "bytea", "text"])
         else:
             await tx.qmany("enqueue", params)
 

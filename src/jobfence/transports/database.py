@@ -20,7 +20,7 @@ from typing import Any
 
 from ..db import Database, Tx, to_datetime
 from ..errors import Category
-from ..jobs import Delivery, history_from, history_json
+from ..jobs import Delivery, history_from, history_json, partner_of
 from ..store import OutgoingJob, Store
 from . import Transport
 
@@ -218,6 +218,7 @@ class DatabaseQueue(Transport):
                 "delay": delay.total_seconds(),
                 "enqueued_at": delivery.enqueued_at,
                 "history": history_json(delivery.history),
+                "partner": partner_of(delivery.payload),
                 "category": category.value,
                 "error": error,
             },

@@ -73,8 +73,8 @@ WHERE id = ANY(%(ids)s) AND status = 'pending_review'
 RETURNING id
 
 -- name: dl_requeue
-INSERT INTO core.jobs (queue, job_id, correlation_id, payload)
-SELECT queue, job_id, correlation_id, payload
+INSERT INTO core.jobs (queue, job_id, correlation_id, payload, partner)
+SELECT queue, job_id, correlation_id, payload, partner
 FROM core.dead_letters
 WHERE id = ANY(%(ids)s)
 ORDER BY id

@@ -1,16 +1,17 @@
 -- The database queue: enqueue, claim, leases, retries, acks (jobfence.transports.database).
 
 -- name: enqueue
-INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at)
+INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at, partner)
 VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s,
-        now() + make_interval(secs => %(delay)s))
+        now() + make_interval(secs => %(delay)s), %(partner)s)
 
 -- name: claim
 -- One ordered index range per queue (an ANY(...) over the queues would read every available
--- row and sort them), the oldest first across queues.
+-- row and sort them), the oldest first across queues; paused queues are skipped.
 WITH candidates AS (
     SELECT c.id, c.run_at
-    FROM unnest(%(queues)s::text[]) AS q(name)
+    FROM (SELECT u.name FROM unnest(%(queues)s::text[]) AS u(name)
+          WHERE NOT EXISTS (SELECT 1 FROM core.queue_pauses AS p WHERE p.queue = u.name)) AS q
     CROSS JOIN LATERAL (
         SELECT id, run_at FROM core.jobs
         WHERE state = 'available' AND queue = q.name AND run_at <= now()
@@ -34,7 +35,8 @@ RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
 
 -- name: next_run_at
 SELECT extract(epoch FROM (min(n.run_at) - now()))::float8 AS wait
-FROM unnest(%(queues)s::text[]) AS q(name)
+FROM (SELECT u.name FROM unnest(%(queues)s::text[]) AS u(name)
+      WHERE NOT EXISTS (SELECT 1 FROM core.queue_pauses AS p WHERE p.queue = u.name)) AS q
 CROSS JOIN LATERAL (
     SELECT run_at FROM core.jobs
     WHERE state = 'available' AND queue = q.name
@@ -125,7 +127,7 @@ FROM input AS i LEFT JOIN acked AS a ON a.id = i.id
 -- A job of a batch failed and will be retried: its queue row (deleted by the batch's ack) is
 -- written again, scheduled, with this attempt in its history.
 INSERT INTO core.jobs (queue, job_id, correlation_id, payload, attempts, run_at, enqueued_at,
-                       history)
+                       history, partner)
 VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(attempts)s,
         now() + make_interval(secs => %(delay)s), coalesce(%(enqueued_at)s, now()),
         %(history)s::jsonb || jsonb_build_array(jsonb_build_object(
@@ -134,8 +136,9 @@ VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(attempts)s,
             'category', %(category)s::text,
             'error', %(error)s::text,
             'retry_at', to_char((now() + make_interval(secs => %(delay)s)) AT TIME ZONE 'UTC',
-                                'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))))
+                                'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+        %(partner)s)
 
 -- name: copy_jobs
 -- Bulk enqueue (no delays): binary COPY; run_at and enqueued_at take their defaults.
-COPY core.jobs (queue, job_id, correlation_id, payload) FROM STDIN (FORMAT BINARY)
+COPY core.jobs (queue, job_id, correlation_id, payload, partner) FROM STDIN (FORMAT BINARY)

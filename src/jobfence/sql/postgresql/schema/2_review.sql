@@ -137,8 +137,10 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+-- (a letter written already decided — a cancelled job, see jobfence.jobctl — raises none)
 CREATE TRIGGER dead_letters_alert AFTER INSERT ON core.dead_letters
-    FOR EACH ROW EXECUTE FUNCTION core.dead_letters_alert();
+    FOR EACH ROW WHEN (NEW.status = 'pending_review')
+    EXECUTE FUNCTION core.dead_letters_alert();
 
 CREATE TABLE core.alerts (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

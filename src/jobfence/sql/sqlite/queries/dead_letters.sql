@@ -68,8 +68,8 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'pending_review'
 RETURNING id
 
 -- name: dl_requeue
-INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at)
-SELECT queue, job_id, correlation_id, payload, {NOW}, {NOW}
+INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner)
+SELECT queue, job_id, correlation_id, payload, {NOW}, {NOW}, partner
 FROM core_dead_letters
 WHERE id IN (SELECT value FROM json_each(:ids))
 ORDER BY id

@@ -1,8 +1,8 @@
 -- The database queue: enqueue, claim, leases, retries, acks (jobfence.transports.database).
 
 -- name: enqueue
-INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at)
-VALUES (:queue, :job_id, :correlation_id, :payload, {NOW} + :delay, {NOW})
+INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner)
+VALUES (:queue, :job_id, :correlation_id, :payload, {NOW} + :delay, {NOW}, :partner)
 
 -- name: claim
 UPDATE core_jobs SET
@@ -14,6 +14,7 @@ UPDATE core_jobs SET
 WHERE id IN (
     SELECT id FROM core_jobs
     WHERE state = 'available' AND queue IN (SELECT value FROM json_each(:queues))
+      AND queue NOT IN (SELECT queue FROM core_queue_pauses)
       AND run_at <= {NOW}
     ORDER BY run_at, id
     LIMIT :limit
@@ -24,6 +25,7 @@ RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lea
 -- name: next_run_at
 SELECT min(run_at) - {NOW} AS wait
 FROM core_jobs WHERE state = 'available' AND queue IN (SELECT value FROM json_each(:queues))
+  AND queue NOT IN (SELECT queue FROM core_queue_pauses)
 
 -- name: reap_expired
 UPDATE core_jobs SET

@@ -120,7 +120,9 @@ CREATE TABLE core_alert_events (
     details         TEXT CHECK (json_type(details) = 'object'),
     dead_letter_id  INTEGER
 );
+-- (a letter written already decided — a cancelled job, see jobfence.jobctl — raises none)
 CREATE TRIGGER core_dead_letters_alert AFTER INSERT ON core_dead_letters
+WHEN NEW.status = 'pending_review'
 BEGIN
     INSERT INTO core_alert_events (created_at, source, queue, category, dead_letter_id)
     VALUES (NEW.failed_at, 'dead_letter', NEW.queue, NEW.error_category, NEW.id);

@@ -1,0 +1,526 @@
+"""Job control for people (issue 14): the jobs of the database queue that are waiting,
+running or scheduled for retry — list, show, cancel, retry now — and pausing queues.
+
+One copy of each operation; the CLI (``jobfence jobs …``, ``jobfence queues …``), the ops API
+(``/v1/jobs``, ``/v1/queues``) and the console page are doors onto these functions.
+
+A job of the database queue is, as people see it::
+
+    waiting  ──claim──► running ──fails, retries left──► retrying ──due──► (claimed again)
+       │                                                    │
+       └──────────────cancel (with a reason)───────────────┴──► dead letter, discarded
+                                                                 (error_code CANCELLED)
+
+**Cancel** never makes a job disappear silently: in one transaction the queue row goes and a
+dead letter takes its place, already decided — status ``discarded``, category
+``NON_RETRYABLE_ERROR``, error code ``CANCELLED``, ``reviewed_by`` the actor and
+``review_reason`` the reason — with an audit row (``job.cancel``). It raises no alert. A
+running job cannot be cancelled (its handler is working on it).
+
+**Pause** writes a row of ``core.queue_pauses`` in the queue's database; every worker's
+claim skips paused queues from the next claim on, whatever process it runs in, and workers
+log the pause and report it as ``jobfence_queue_paused``. Jobs keep arriving in a paused
+queue; running jobs finish. Brokers cannot be paused this way (see docs/job-control.md).
+
+Every action appends an audit row in the transaction that makes it. Job rows live in the
+queue's database (``queue_db``, the app's own database unless the queue is elsewhere);
+letters and the audit log in the app's database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from .db import Database, Tx, to_datetime
+from .deadletters import (
+    ALL_STATUSES,
+    MAX_PAGE,
+    Actor,
+    _aware,
+    _id,
+    _like,
+    _limit,
+    _reason,
+    record,
+)
+from .errors import InvalidRequest, NotFound, ReviewConflict
+from .jobs import AttemptRecord, check_queue, history_from, history_json
+from .letters import payload_view
+
+JOB_STATES = ("waiting", "running", "retrying")
+
+__all__ = [
+    "JOB_STATES",
+    "MAX_PAGE",
+    "CancelResult",
+    "JobFilter",
+    "JobPage",
+    "JobSummary",
+    "JobView",
+    "QueueInfo",
+    "cancel_job",
+    "list_jobs",
+    "list_queues",
+    "pause_queue",
+    "resume_queue",
+    "retry_now",
+    "show_job",
+    "unserved_jobs",
+]
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs: every given criterion must match. ``error`` is a case-insensitive
+    substring of the last failed attempt's error; ``since``/``until`` bound ``enqueued_at``
+    (until excluded)."""
+
+    queue: str | None = None
+    state: str | None = None
+    job_id: str | None = None
+    correlation_id: str | None = None
+    error: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def check(self) -> JobFilter:
+        """Validate; raise :class:`InvalidRequest` saying what is wrong."""
+        state = None if self.state == ALL_STATUSES else self.state
+        if state is not None and state not in JOB_STATES:
+            raise InvalidRequest(
+                f"unknown job state {self.state!r}; one of: {', '.join(JOB_STATES)}, "
+                f"or {ALL_STATUSES} for any"
+            )
+        for name in ("queue", "job_id", "correlation_id", "error"):
+            value = getattr(self, name)
+            if value is not None and (not value or len(value) > 500 or "\x00" in value):
+                raise InvalidRequest(f"{name} must be 1–500 characters without NUL")
+        since, until = _aware(self.since), _aware(self.until)
+        if since is not None and until is not None and since >= until:
+            raise InvalidRequest("since must be before until")
+        return replace(self, state=state, since=since, until=until)
+
+    def params(self, db: Database, partner: str | None) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "state": self.state,
+            "job_id": self.job_id,
+            "correlation_id": self.correlation_id,
+            "error": _like(self.error) if self.error is not None else None,
+            "since": db.at(self.since),
+            "until": db.at(self.until),
+            "partner": partner,
+        }
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """A job as lists show it (no payload, no history)."""
+
+    id: int  # the queue row's id: what the actions take
+    queue: str
+    job_id: str
+    correlation_id: str | None
+    state: str  # waiting | running | retrying
+    attempts: int
+    run_at: datetime  # when it is due (retrying: the next attempt)
+    enqueued_at: datetime
+    worker_id: str | None  # running: the worker holding it
+    lease_expires_at: datetime | None  # running: until when its lease runs
+    last_error: str | None
+    last_category: str | None
+    partner: str | None
+    payload_size: int
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("run_at", "enqueued_at", "lease_expires_at"):
+            value = data[key]
+            data[key] = value.isoformat() if value is not None else None
+        return data
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job: its summary, payload and every failed attempt (with tracebacks)."""
+
+    job: JobSummary
+    payload: bytes
+    history: list[AttemptRecord] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.job.to_json(),
+            "payload": payload_view(self.payload),
+            "history": [h.to_json() for h in self.history],
+        }
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of jobs; pass ``next_cursor`` back as ``after`` (None: the last page)."""
+
+    items: list[JobSummary]
+    next_cursor: int | None
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    job: JobSummary
+    dead_letter_id: int
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """A queue as operators see it: its jobs by state, letters pending review, pause."""
+
+    queue: str
+    waiting: int = 0
+    running: int = 0
+    retrying: int = 0
+    dead_letters: int = 0  # pending review
+    paused: bool = False
+    paused_by: str | None = None
+    paused_at: datetime | None = None
+    pause_reason: str | None = None
+    served: bool | None = None  # by a consumer of the app (None: not asked)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["paused_at"] = self.paused_at.isoformat() if self.paused_at else None
+        return data
+
+
+def _summary(row: Mapping[str, Any]) -> JobSummary:
+    run_at, enqueued_at = to_datetime(row["run_at"]), to_datetime(row["enqueued_at"])
+    assert run_at is not None
+    assert enqueued_at is not None
+    state = "running" if row["state"] == "running" else "retrying" if row["failed"] else "waiting"
+    return JobSummary(
+        id=int(row["id"]),
+        queue=row["queue"],
+        job_id=row["job_id"],
+        correlation_id=row["correlation_id"],
+        state=state,
+        attempts=int(row["attempts"]),
+        run_at=run_at,
+        enqueued_at=enqueued_at,
+        worker_id=row["worker_id"],
+        lease_expires_at=to_datetime(row["lease_expires_at"]),
+        last_error=row["last_error"],
+        last_category=row["last_category"],
+        partner=row["partner"],
+        payload_size=int(row["payload_size"]),
+    )
+
+
+# -- find and understand ---------------------------------------------------------------------
+
+
+async def list_jobs(
+    db: Database,
+    flt: JobFilter,
+    *,
+    actor: Actor,
+    limit: int = 50,
+    after: int | None = None,
+) -> JobPage:
+    """Jobs matching ``flt`` within the actor's scope, oldest first, without payloads.
+
+    ``db`` is the queue's database. A keyset page on the primary key: deep pages cost what
+    the first does."""
+    flt = flt.check()
+    params = {
+        **flt.params(db, actor.partner),
+        "after": _id(after, "after (the cursor)", low=0),
+        "limit": _limit(limit),
+    }
+    rows = await db.run("jobs_list", params)
+    items = [_summary(r) for r in rows]
+    return JobPage(items, items[-1].id if len(items) == limit else None)
+
+
+async def show_job(db: Database, job: int, *, actor: Actor) -> JobView:
+    """One job (by its queue row id) with its payload and attempt history."""
+    _id(job, "the job id")
+    rows = await db.run("job_get", {"id": job})
+    if not rows or not actor.sees(rows[0]["partner"]):
+        raise NotFound(f"no job {job} in the queue (done, dead-lettered, or never there)")
+    row = rows[0]
+    return JobView(_summary(row), bytes(row["payload"]), history_from(row["history"]))
+
+
+# -- act -------------------------------------------------------------------------------------
+
+
+async def _locked(tx: Tx, job: int, actor: Actor) -> Mapping[str, Any]:
+    _id(job, "the job id")
+    rows = await tx.q("job_lock", {"id": job})
+    if not rows or not actor.sees(rows[0]["partner"]):
+        raise NotFound(f"no job {job} in the queue (done, dead-lettered, or never there)")
+    if rows[0]["state"] == "running":
+        raise ReviewConflict(
+            f"job {job} is running on worker {rows[0]['worker_id']}; wait until its attempt "
+            "ends (it is then done, retrying or a dead letter)"
+        )
+    return rows[0]
+
+
+async def _transactions(stack: AsyncExitStack, db: Database, queue_db: Database) -> tuple[Tx, Tx]:
+    """The queue's transaction and the letters' (one when the queue is in ``db``). The
+    queue's is entered first and so commits last: if it fails, the job stays and what was
+    recorded about it (a letter, an audit row) says so — nothing is lost silently."""
+    qtx = await stack.enter_async_context(queue_db.transaction())
+    if queue_db is db:
+        return qtx, qtx
+    return qtx, await stack.enter_async_context(db.transaction())
+
+
+def _details(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"job": int(row["id"]), "job_id": row["job_id"], "queue": row["queue"]}
+
+
+async def cancel_job(
+    db: Database,
+    job: int,
+    *,
+    actor: Actor,
+    reason: str,
+    consumers: Mapping[str, str] | None = None,
+    queue_db: Database | None = None,
+) -> CancelResult:
+    """Cancel a waiting or retrying job: it leaves the queue and becomes a discarded dead
+    letter (error code ``CANCELLED``), audited, in one transaction. ``reason`` is required.
+    ``consumers`` maps queues to consumer names (the letter's consumer; default the queue)."""
+    why = _reason(reason, required=True)
+    qdb = queue_db or db
+    async with AsyncExitStack() as stack:
+        qtx, tx = await _transactions(stack, db, qdb)
+        row = await _locked(qtx, job, actor)
+        summary = _summary(row)
+        history = history_from(row["history"])
+        created = await tx.q(
+            "dl_insert_cancelled",
+            {
+                "queue": row["queue"],
+                "consumer": (consumers or {}).get(row["queue"], row["queue"]),
+                "job_id": row["job_id"],
+                "correlation_id": row["correlation_id"],
+                "payload": bytes(row["payload"]),
+                "payload_size": int(row["payload_size"]),
+                "attempts": int(row["attempts"]),
+                "error": f"cancelled by {actor.name}: {why}",
+                "history": history_json(history),
+                "enqueued_at": row["enqueued_at"],
+                "partner": row["partner"],
+                "actor": actor.name,
+                "reason": why,
+            },
+        )
+        letter_id = int(created[0]["id"])
+        await record(
+            tx,
+            actor,
+            "job.cancel",
+            dead_letter_id=letter_id,
+            partner=row["partner"],
+            reason=why,
+            details=_details(row),
+            old_state=summary.state,
+            new_state="cancelled",
+        )
+        if not await qtx.q("job_delete", {"id": job}):  # pragma: no cover - locked above
+            raise ReviewConflict(f"job {job} changed while it was being cancelled; try again")
+    return CancelResult(summary, letter_id)
+
+
+async def retry_now(
+    db: Database,
+    job: int,
+    *,
+    actor: Actor,
+    reason: str | None = None,
+    queue_db: Database | None = None,
+) -> JobSummary:
+    """Make a job that is scheduled for later (a retry, or a delayed job) due now; audited.
+    A job already due, or running, is a :class:`ReviewConflict`."""
+    why = _reason(reason, required=False)
+    qdb = queue_db or db
+    async with AsyncExitStack() as stack:
+        qtx, tx = await _transactions(stack, db, qdb)
+        row = await _locked(qtx, job, actor)
+        if not row["scheduled"]:
+            raise ReviewConflict(f"job {job} is already due; a worker will claim it next")
+        await qtx.q("job_run_now", {"id": job})
+        await record(
+            tx,
+            actor,
+            "job.retry_now",
+            partner=row["partner"],
+            reason=why,
+            details={**_details(row), "was_due_at": str(to_datetime(row["run_at"]))},
+            old_state=_summary(row).state,
+            new_state="due",
+        )
+        if qdb.dialect == "postgresql":
+            await qtx.q("notify_queues", {"queues": qdb.array([row["queue"]])})
+        fresh = await qtx.q("job_get", {"id": job})
+    return _summary(fresh[0])
+
+
+# -- queues ----------------------------------------------------------------------------------
+
+
+async def list_queues(
+    db: Database,
+    *,
+    actor: Actor,
+    served: Collection[str] | None = None,
+    queue_db: Database | None = None,
+) -> list[QueueInfo]:
+    """Every queue that has jobs, letters pending review, a pause, or a consumer in
+    ``served`` (the app's queues): counts within the actor's scope."""
+    qdb = queue_db or db
+    found: dict[str, dict[str, Any]] = {}
+
+    def entry(queue: str) -> dict[str, Any]:
+        return found.setdefault(queue, {"queue": queue})
+
+    for row in await qdb.run("jobs_queue_counts", {"partner": actor.partner}):
+        entry(row["queue"]).update(
+            waiting=int(row["waiting"] or 0),
+            running=int(row["running"] or 0),
+            retrying=int(row["retrying"] or 0),
+        )
+    for row in await db.run("dl_stats", {"partner": actor.partner}):
+        if row["status"] == "pending_review":
+            item = entry(row["queue"])
+            item["dead_letters"] = item.get("dead_letters", 0) + int(row["letters"])
+    for row in await qdb.run("queue_pauses"):
+        entry(row["queue"]).update(
+            paused=True,
+            paused_by=row["paused_by"],
+            paused_at=to_datetime(row["paused_at"]),
+            pause_reason=row["reason"],
+        )
+    for queue in served or ():
+        entry(queue)
+    if served is not None:
+        for item in found.values():
+            item["served"] = item["queue"] in served
+    return [QueueInfo(**found[q]) for q in sorted(found)]
+
+
+async def unserved_jobs(
+    db: Database,
+    served: Collection[str],
+    *,
+    actor: Actor,
+    queue_db: Database | None = None,
+) -> int:
+    """Waiting and retrying jobs in queues that no consumer in ``served`` takes (the app's
+    queues): they will wait until some app consumes them."""
+    rows = await (queue_db or db).run("jobs_queue_counts", {"partner": actor.partner})
+    return sum(
+        int(r["waiting"] or 0) + int(r["retrying"] or 0) for r in rows if r["queue"] not in served
+    )
+
+
+def _shared(actor: Actor, doing: str) -> None:
+    if actor.partner is not None:
+        raise InvalidRequest(
+            f"a partner-scoped operator cannot {doing} a queue: queues are shared by every "
+            "partner (use an unscoped operator token)"
+        )
+
+
+async def pause_queue(
+    db: Database,
+    queue: str,
+    *,
+    actor: Actor,
+    reason: str | None = None,
+    queue_db: Database | None = None,
+) -> QueueInfo:
+    """Pause ``queue``: workers claim nothing from it until it is resumed (running jobs
+    finish; new jobs still arrive). Audited (``queue.pause``)."""
+    _shared(actor, "pause")
+    _check_queue_name(queue)
+    why = _reason(reason, required=False)
+    qdb = queue_db or db
+    async with AsyncExitStack() as stack:
+        qtx, tx = await _transactions(stack, db, qdb)
+        done = await qtx.q("queue_pause", {"queue": queue, "actor": actor.name, "reason": why})
+        if not done:
+            rows = await qtx.q("paused_among", {"queues": qdb.array([queue])})
+            by = rows[0]["paused_by"] if rows else "someone"
+            raise ReviewConflict(f"queue {queue!r} is already paused (by {by})")
+        await record(
+            tx,
+            actor,
+            "queue.pause",
+            reason=why,
+            details={"queue": queue},
+            old_state="active",
+            new_state="paused",
+        )
+    return await _queue_info(db, qdb, queue)
+
+
+async def resume_queue(
+    db: Database,
+    queue: str,
+    *,
+    actor: Actor,
+    reason: str | None = None,
+    queue_db: Database | None = None,
+) -> QueueInfo:
+    """Resume a paused queue (workers claim from it again at once). Audited."""
+    _shared(actor, "resume")
+    _check_queue_name(queue)
+    why = _reason(reason, required=False)
+    qdb = queue_db or db
+    async with AsyncExitStack() as stack:
+        qtx, tx = await _transactions(stack, db, qdb)
+        done = await qtx.q("queue_resume", {"queue": queue})
+        if not done:
+            raise ReviewConflict(f"queue {queue!r} is not paused")
+        await record(
+            tx,
+            actor,
+            "queue.resume",
+            reason=why,
+            details={"queue": queue, "paused_by": done[0]["paused_by"]},
+            old_state="paused",
+            new_state="active",
+        )
+        if qdb.dialect == "postgresql":
+            await qtx.q("notify_queues", {"queues": qdb.array([queue])})
+    return await _queue_info(db, qdb, queue)
+
+
+async def paused_among(db: Database, queues: Collection[str]) -> dict[str, dict[str, Any]]:
+    """Which of ``queues`` are paused: queue → {paused_by, reason} (what workers watch)."""
+    rows = await db.run("paused_among", {"queues": db.array(sorted(queues))})
+    return {r["queue"]: {"paused_by": r["paused_by"], "reason": r["reason"]} for r in rows}
+
+
+async def _queue_info(db: Database, queue_db: Database, queue: str) -> QueueInfo:
+    infos = await list_queues(db, actor=Actor("library"), queue_db=queue_db)
+    return next((i for i in infos if i.queue == queue), QueueInfo(queue))
+
+
+def _check_queue_name(queue: str) -> None:
+    try:
+        check_queue(queue)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def jobs_json(page: JobPage) -> dict[str, Any]:
+    """A page as JSON (what ``--json`` and the API print)."""
+    return {"items": [j.to_json() for j in page.items], "next_cursor": page.next_cursor}
