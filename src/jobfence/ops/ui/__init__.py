@@ -8,7 +8,7 @@ docs/ops-console.md.
 
 Modules: :mod:`.session` (sign-in sessions, CSRF and Origin checks), :mod:`.render` (templates,
 security headers, payload and chart rendering), one router per area (:mod:`.signin`,
-:mod:`.overview`, :mod:`.letters`, :mod:`.pages`).
+:mod:`.overview`, :mod:`.letters`, :mod:`.jobs`, :mod:`.pages`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import InvalidRequest, NotFound, ReviewConflict
-from . import letters, overview, pages, signin
+from . import jobs, letters, overview, pages, signin
 from .render import HERE, page, redirect
 from .session import DEFAULT_IDLE, DEFAULT_TTL, Refused, Sessions, SignInRequired, signed_in
 
@@ -48,7 +48,7 @@ def install(
     :func:`jobfence.ops.app.create_app`)."""
     api.state.ui_sessions = Sessions(ttl=session_ttl, idle=idle)
     api.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
-    for module in (signin, overview, letters, pages):
+    for module in (signin, overview, letters, jobs, pages):
         api.include_router(module.router, include_in_schema=False)
 
     @api.get("/ui", include_in_schema=False)

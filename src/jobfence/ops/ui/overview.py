@@ -9,7 +9,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from ... import deadletters as service
+from ... import jobctl
 from ..deps import actor_of, jobfence_app
+from .jobs import served
 from .render import chart, page
 from .session import User, signed_in
 
@@ -36,28 +38,32 @@ async def overview_panel(request: Request, user: User = SIGNED_IN) -> Response:
 async def overview_data(request: Request, user: User) -> dict[str, Any]:
     jf = jobfence_app(request)
     actor = actor_of(user.principal)
-    found = await service.stats(jf.db, actor=actor, queue_db=jf.transport.queue_db)
-    queues: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"waiting": 0, "running": 0, "retrying": 0, "letters": {}, "paused": False}
-    )
-    categories: set[str] = set()
+    qdb = jf.transport.queue_db
+    found = await service.stats(jf.db, actor=actor, queue_db=qdb)
+    letters: dict[str, dict[str, int]] = defaultdict(dict)
     for row in found.letters:
         if row["status"] == "pending_review":
-            queues[row["queue"]]["letters"][row["category"]] = row["letters"]
-            categories.add(row["category"])
-        else:
-            queues[row["queue"]]  # the queue exists
-    for row in found.queue_depth or []:
-        state = "running" if row["state"] == "running" else "waiting"
-        queues[row["queue"]][state] += row["jobs"]
+            letters[row["queue"]][row["category"]] = row["letters"]
+    known = served(jf)
+    infos = (
+        await jobctl.list_queues(jf.db, actor=actor, served=known, queue_db=qdb)
+        if qdb is not None
+        else [jobctl.QueueInfo(queue=q) for q in sorted(letters)]
+    )
+    unserved = (
+        await jobctl.unserved_jobs(jf.db, known, actor=actor, queue_db=qdb)
+        if known and qdb is not None
+        else 0
+    )
     scoped = user.principal.partner is not None
     done = {} if scoped else await _per_minute(jf.db, "console_done_per_minute", {})
     failed = await _per_minute(
         jf.db, "console_failed_per_minute", {"partner": user.principal.partner}
     )
     return {
-        "queues": sorted(queues.items()),
-        "categories": sorted(categories),
-        "depth_known": found.queue_depth is not None,
+        "queues": [(q, letters.get(q.queue, {})) for q in infos],
+        "categories": sorted({c for per in letters.values() for c in per}),
+        "depth_known": qdb is not None,
+        "unserved": unserved,
         "chart": chart(done, failed, show_done=not scoped),
     }
