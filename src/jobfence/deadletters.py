@@ -23,9 +23,7 @@ open transaction, before it commits: if the publish fails the letter stays pendi
 commit fails after a successful publish the letter stays pending too and a later replay
 publishes the job again — a duplicate delivery that the fence absorbs. A replay is never lost.
 A letter whose job_id is already fenced for its consumer is marked replayed without
-republishing (``already_applied``): its effect exists.
-
-**Bulk replay** is :mod:`jobfence.replays`; the record itself is :mod:`jobfence.letters`.
+republishing (``already_applied``): its effect exists. Bulk replay: :mod:`jobfence.replays`.
 """
 
 from __future__ import annotations
@@ -423,14 +421,16 @@ async def audit(
     return Page(entries, entries[-1].id if len(entries) == limit else None)
 
 
-async def stats(db: Database, *, actor: Actor, queue_db: Database | None = None) -> Stats:
+async def stats(
+    db: Database, *, actor: Actor, queue_db: Database | None = None, depth: bool = True
+) -> Stats:
     """Letters by queue, category and status; the queue depth for unscoped callers."""
     rows = await db.run("dl_stats", {"partner": actor.partner})
     letters = [{**r, "letters": int(r["letters"])} for r in rows]
-    if actor.partner is not None:
+    if actor.partner is not None or not depth:
         return Stats(letters)
-    depth = await (queue_db or db).run("queue_depth")
-    return Stats(letters, [{**r, "jobs": int(r["jobs"])} for r in depth])
+    jobs = await (queue_db or db).run("queue_depth")
+    return Stats(letters, [{**r, "jobs": int(r["jobs"])} for r in jobs])
 
 
 async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None:

@@ -173,7 +173,8 @@ def ops_serve(
     log_level: str,
     log_format: str,
 ) -> None:
-    """Serve the ops HTTP API (OpenAPI at /openapi.json, with a token)."""
+    """Serve the ops HTTP API (OpenAPI at /openapi.json, with a token) and the operators'
+    console (open /ui/ in a browser and sign in with a token)."""
     _needs_ops("uvicorn")
     import uvicorn
 

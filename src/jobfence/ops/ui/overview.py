@@ -39,7 +39,7 @@ async def overview_data(request: Request, user: User) -> dict[str, Any]:
     jf = jobfence_app(request)
     actor = actor_of(user.principal)
     qdb = jf.transport.queue_db
-    found = await service.stats(jf.db, actor=actor, queue_db=qdb)
+    found = await service.stats(jf.db, actor=actor, depth=False)  # jobs: list_queues
     letters: dict[str, dict[str, int]] = defaultdict(dict)
     for row in found.letters:
         if row["status"] == "pending_review":
