@@ -74,6 +74,7 @@ def _letter(dialect: str, i: int) -> dict[str, Any]:
         "history": "[]",
         "enqueued_at": None,
         "partner": None,
+        "trace": None,
     }
 
 

@@ -185,7 +185,7 @@ async def deadletters(url: str, n: int) -> None:
                 "payload_size": len(json.dumps({"n": i}).encode()),
                 "payload_truncated": False, "attempts": 1, "category": "TECHNICAL_ERROR",
                 "error_code": None, "error": "bench: the ERP timed out", "history": "[]",
-                "enqueued_at": None, "partner": None,
+                "enqueued_at": None, "partner": None, "trace": None,
             }
             for i in range(n)
         ]  # fmt: skip

@@ -40,6 +40,7 @@ import asyncio
 import enum
 import importlib
 import logging
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -292,6 +293,31 @@ def describe(exc: BaseException, limit: int = 4000) -> str:
     """A one-line, storable description of an exception (no NUL bytes; bounded length)."""
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return clean_text(text, limit)
+
+
+#: The most of a failed attempt's traceback that is kept (its last bytes: the frames nearest
+#: the error and the exception itself).
+TRACE_LIMIT = 16 * 1024
+_CUT = "…[{cut} bytes of traceback cut]\n"
+
+
+def trace_of(exc: BaseException, limit: int = TRACE_LIMIT) -> str:
+    """``exc``'s traceback as Python prints it (chained exceptions included), for the attempt
+    history: frames and source lines only — never the frames' local variables — and at most
+    the last ``limit`` UTF-8 bytes of it, storable (no NUL)."""
+    text = "".join(traceback.format_exception(exc))
+    return tail(clean_text(text, len(text) + 1), limit)
+
+
+def tail(text: str, limit: int) -> str:
+    """The last ``limit`` UTF-8 bytes of ``text`` (at a character boundary), saying how many
+    bytes were cut."""
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    note = _CUT.format(cut=len(raw) - limit)
+    keep = raw[len(raw) - max(limit - len(note.encode("utf-8")), 0) :]
+    return note + keep.decode("utf-8", errors="ignore")
 
 
 def clean_text(text: str, limit: int = 4000) -> str:

@@ -32,7 +32,16 @@ from typing import Any
 from . import fence, letters
 from .codec import Decoder
 from .db import BatchLost, Database, SyncTx, Tx, current_tx
-from .errors import Category, PoisonPayload, Retry, classify, describe, error_code
+from .errors import (
+    Category,
+    HandlerError,
+    PoisonPayload,
+    Retry,
+    classify,
+    describe,
+    error_code,
+    trace_of,
+)
 from .fence import FenceOutcome
 from .jobs import Delivery, Job
 from .letters import DEFAULT_PAYLOAD_LIMIT
@@ -71,6 +80,23 @@ class Consumer:
 
 class _LeaseLost(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What the harness decided about a failed attempt."""
+
+    category: Category
+    decision: Decision
+    error: str  # one line: ``Type: message``
+    trace: str  # the traceback (bounded, no locals), kept in the attempt's history
+    #: an error the handler raised on purpose (a HandlerError other than TECHNICAL_ERROR, or
+    #: Retry): logged without its traceback
+    expected: bool
+
+    @property
+    def log_trace(self) -> str | None:
+        return None if self.expected else self.trace
 
 
 class Harness:
@@ -305,11 +331,14 @@ class Harness:
     ) -> Outcome:
         """A job of a batch failed; its savepoint is rolled back. Undo its fence and ack, and
         write its retry or dead letter, all in the batch's transaction."""
-        category, decision, error = self._decide(delivery, consumer, exc)
+        failure = self._decide(delivery, consumer, exc)
+        category, decision, error = failure.category, failure.decision, failure.error
         if self.fence_enabled:
             await fence.unclaim_tx(tx, consumer.name, delivery.job_id)
         if decision.retry:
-            await self.transport.requeue_tx(tx, delivery, decision.delay, category, error)
+            await self.transport.requeue_tx(
+                tx, delivery, decision.delay, category, error, trace=failure.trace
+            )
             notes.append(
                 partial(
                     self.observers.job_retry,
@@ -318,6 +347,7 @@ class Harness:
                     category,
                     decision.delay,
                     error,
+                    trace=failure.log_trace,
                 )
             )
             return Outcome.RETRY
@@ -331,6 +361,7 @@ class Harness:
             ack=False,
             payload_limit=self.payload_limit,
             tx=tx,
+            trace=failure.trace,
         )
         notes.append(
             partial(
@@ -341,6 +372,7 @@ class Harness:
                 error,
                 letter_id,
                 created=created,
+                trace=failure.log_trace,
             )
         )
         return Outcome.DEAD
@@ -376,33 +408,47 @@ class Harness:
             log.exception("could not release job on shutdown; its lease will expire")
 
     @staticmethod
-    def _decide(
-        delivery: Delivery, consumer: Consumer, exc: Exception
-    ) -> tuple[Category, Decision, str]:
+    def _decide(delivery: Delivery, consumer: Consumer, exc: Exception) -> Failure:
         """The one decision on a failed attempt: its category (R4), retry or not and when
-        (R1/R2), and its description."""
+        (R1/R2), its description and traceback."""
         category = classify(exc)
         requested = exc.delay if isinstance(exc, Retry) else None
         decision = consumer.policy.decide(category, delivery.attempt, requested_delay=requested)
-        return category, decision, describe(exc)
+        expected = isinstance(exc, Retry) or (
+            isinstance(exc, HandlerError) and category is not Category.TECHNICAL_ERROR
+        )
+        return Failure(category, decision, describe(exc), trace_of(exc), expected)
 
     async def _failed(self, delivery: Delivery, consumer: Consumer, exc: Exception) -> Outcome:
-        category, decision, error = self._decide(delivery, consumer, exc)
+        failure = self._decide(delivery, consumer, exc)
+        category, decision, error = failure.category, failure.decision, failure.error
         if not decision.retry:
-            return await self._dead(delivery, consumer.name, category, error, error_code(exc))
+            return await self._dead(
+                delivery, consumer.name, category, error, error_code(exc), failure
+            )
         try:
-            await self.transport.retry(delivery, decision.delay, category, error)
+            await self.transport.retry(
+                delivery, decision.delay, category, error, trace=failure.trace
+            )
         except Exception:
             log.exception(
                 "could not schedule a retry; the job returns when its lease expires",
                 extra={"job_id": delivery.job_id, "correlation_id": delivery.correlation_id},
             )
             return Outcome.FAILED_TO_RECORD
-        self.observers.job_retry(delivery, consumer.name, category, decision.delay, error)
+        self.observers.job_retry(
+            delivery, consumer.name, category, decision.delay, error, trace=failure.log_trace
+        )
         return Outcome.RETRY
 
     async def _dead(
-        self, delivery: Delivery, consumer: str, category: Category, error: str, code: str | None
+        self,
+        delivery: Delivery,
+        consumer: str,
+        category: Category,
+        error: str,
+        code: str | None,
+        failure: Failure | None = None,
     ) -> Outcome:
         shares = self.transport.shares_database
         try:
@@ -415,6 +461,7 @@ class Harness:
                 code,
                 ack=shares,
                 payload_limit=self.payload_limit,
+                trace=failure.trace if failure else None,
             )
             await self.transport.dead_lettered(
                 delivery, consumer=consumer, category=category, code=code
@@ -427,5 +474,13 @@ class Harness:
                 extra={"job_id": delivery.job_id, "correlation_id": delivery.correlation_id},
             )
             return Outcome.FAILED_TO_RECORD
-        self.observers.job_dead(delivery, consumer, category, error, letter_id, created=created)
+        self.observers.job_dead(
+            delivery,
+            consumer,
+            category,
+            error,
+            letter_id,
+            created=created,
+            trace=failure.log_trace if failure else None,
+        )
         return Outcome.DEAD

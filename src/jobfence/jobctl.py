@@ -228,26 +228,29 @@ async def list_jobs(
     actor: Actor,
     limit: int = 50,
     after: int | None = None,
+    queue_db: Database | None = None,
 ) -> JobPage:
     """Jobs matching ``flt`` within the actor's scope, oldest first, without payloads.
 
-    ``db`` is the queue's database. A keyset page on the primary key: deep pages cost what
-    the first does."""
+    A keyset page on the primary key: deep pages cost what the first does."""
     flt = flt.check()
+    qdb = queue_db or db
     params = {
-        **flt.params(db, actor.partner),
+        **flt.params(qdb, actor.partner),
         "after": _id(after, "after (the cursor)", low=0),
         "limit": _limit(limit),
     }
-    rows = await db.run("jobs_list", params)
+    rows = await qdb.run("jobs_list", params)
     items = [_summary(r) for r in rows]
     return JobPage(items, items[-1].id if len(items) == limit else None)
 
 
-async def show_job(db: Database, job: int, *, actor: Actor) -> JobView:
+async def show_job(
+    db: Database, job: int, *, actor: Actor, queue_db: Database | None = None
+) -> JobView:
     """One job (by its queue row id) with its payload and attempt history."""
     _id(job, "the job id")
-    rows = await db.run("job_get", {"id": job})
+    rows = await (queue_db or db).run("job_get", {"id": job})
     if not rows or not actor.sees(rows[0]["partner"]):
         raise NotFound(f"no job {job} in the queue (done, dead-lettered, or never there)")
     row = rows[0]

@@ -68,14 +68,17 @@ async def write(
     ack: bool,
     payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
     tx: Tx | None = None,
+    trace: str | None = None,
 ) -> tuple[int | None, bool]:
     """Record a dead letter (idempotent: one pending letter per consumer and job_id).
 
     With ``ack`` the queue row goes in the same transaction; with ``tx`` the letter is
-    written in that (open) transaction. Returns the letter's id and whether this call
-    created it (False: a pending letter for this job was already recorded — its id).
+    written in that (open) transaction. ``trace`` is the last attempt's traceback (kept in
+    its history entry). Returns the letter's id and whether this call created it (False: a
+    pending letter for this job was already recorded — its id).
     """
     params = letter_params(db, delivery, consumer, category, error, code, payload_limit)
+    params["trace"] = trace
     if tx is not None:
         return await _write(tx, params, ack)
     async with db.transaction() as own:
@@ -121,6 +124,7 @@ def letter_params(
         "history": history_json(delivery.history),
         "enqueued_at": db.at(delivery.enqueued_at),
         "partner": partner_of(payload),
+        "trace": None,
     }
 
 

@@ -32,6 +32,12 @@ def _fields(delivery: Delivery | Job[Any], consumer: str | None = None) -> dict[
     return fields
 
 
+def _trace(trace: str | None) -> dict[str, str]:
+    """The ``traceback`` field of an unexpected failure's log record (none for an error the
+    handler raised on purpose: its category and message say it all)."""
+    return {"traceback": trace} if trace else {}
+
+
 class LogObserver(Observer):
     """Log levels follow the taxonomy (SPEC R4); duplicates and successes are DEBUG."""
 
@@ -44,7 +50,14 @@ class LogObserver(Observer):
             log.debug("duplicate skipped", extra=_fields(delivery, consumer))
 
     def job_retry(
-        self, delivery: Delivery, consumer: str, category: Category, delay: timedelta, error: str
+        self,
+        delivery: Delivery,
+        consumer: str,
+        category: Category,
+        delay: timedelta,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
         level = category.info.log_level
         if error.startswith("Retry"):
@@ -57,6 +70,7 @@ class LogObserver(Observer):
                 "category": category.value,
                 "retry_in_s": round(delay.total_seconds(), 3),
                 "error": error,
+                **_trace(trace),
             },
         )
 
@@ -69,6 +83,7 @@ class LogObserver(Observer):
         dead_letter_id: int | None,
         *,
         created: bool = True,
+        trace: str | None = None,
     ) -> None:
         if not created or dead_letter_id is None:
             # the same job delivered again found its letter already recorded (the store's
@@ -93,6 +108,7 @@ class LogObserver(Observer):
                 "category": category.value,
                 "dead_letter_id": dead_letter_id,
                 "error": error,
+                **_trace(trace),
             },
         )
 

@@ -31,7 +31,12 @@ class Observer:
     def job_retry(
         self, delivery: Delivery, consumer: str, category: Category, delay: timedelta, error: str
     ) -> None:
-        """A failed attempt was scheduled for another try."""
+        """A failed attempt was scheduled for another try.
+
+        An override that also takes the keyword argument ``trace: str | None = None`` gets
+        the attempt's traceback when the failure was unexpected (not an error the handler
+        raised on purpose; see :attr:`jobfence.harness.Failure.expected`), else None. The
+        same holds for :meth:`job_dead`."""
 
     def job_dead(
         self,
@@ -74,6 +79,9 @@ class Observers(Observer):
         }
         # job_dead overrides written before ``created`` existed are called without it
         self._dead_takes_created = [_takes(method, "created") for method in self._hooks["job_dead"]]
+        # and those written before ``trace`` existed without it
+        self._dead_takes_trace = [_takes(method, "trace") for method in self._hooks["job_dead"]]
+        self._retry_takes_trace = [_takes(method, "trace") for method in self._hooks["job_retry"]]
 
     def _each(self, hook: str, *args: Any) -> None:
         for method in self._hooks[hook]:
@@ -92,9 +100,26 @@ class Observers(Observer):
         self._each("job_duplicate", delivery, consumer)
 
     def job_retry(
-        self, delivery: Delivery, consumer: str, category: Category, delay: timedelta, error: str
+        self,
+        delivery: Delivery,
+        consumer: str,
+        category: Category,
+        delay: timedelta,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
-        self._each("job_retry", delivery, consumer, category, delay, error)
+        args = (delivery, consumer, category, delay, error)
+        for method, takes_trace in zip(
+            self._hooks["job_retry"], self._retry_takes_trace, strict=True
+        ):
+            try:
+                if takes_trace:
+                    method(*args, trace=trace)
+                else:
+                    method(*args)
+            except Exception:
+                log.exception("observer %s failed in job_retry", type(method.__self__).__name__)
 
     def job_dead(
         self,
@@ -105,16 +130,19 @@ class Observers(Observer):
         dead_letter_id: int | None,
         *,
         created: bool = True,
+        trace: str | None = None,
     ) -> None:
         args = (delivery, consumer, category, error, dead_letter_id)
-        for method, takes_created in zip(
-            self._hooks["job_dead"], self._dead_takes_created, strict=True
+        for method, takes_created, takes_trace in zip(
+            self._hooks["job_dead"], self._dead_takes_created, self._dead_takes_trace, strict=True
         ):
+            extra: dict[str, Any] = {}
+            if takes_created:
+                extra["created"] = created
+            if takes_trace:
+                extra["trace"] = trace
             try:
-                if takes_created:
-                    method(*args, created=created)
-                else:
-                    method(*args)
+                method(*args, **extra)
             except Exception:
                 log.exception("observer %s failed in job_dead", type(method.__self__).__name__)
 

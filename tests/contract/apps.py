@@ -4,7 +4,9 @@ Configured by environment: JF_DB (fence and dead letters), JF_TRANSPORT (queue U
 empty for the database queue), JF_QUEUE, JF_LEASE (seconds), JF_MARKS (a folder for
 marker files). The effect is one ``effects`` row per processed job. Payload modes:
 ``hang`` (write the effect, then hang inside the transaction on attempt 1), ``sleep``
-(hold the transaction ``seconds``), anything else: just the effect.
+(hold the transaction ``seconds``), ``crash`` (an unexpected KeyError deep in a helper: a
+TECHNICAL_ERROR, retried a little), ``reject`` (a BusinessError: dead-lettered at once),
+anything else: just the effect.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from jobfence import App, Job, RetryPolicy, Tx
+from jobfence import App, BusinessError, Job, RetryPolicy, Tx
 
 MARKS = Path(os.environ.get("JF_MARKS", "."))
 QUEUE = os.environ.get("JF_QUEUE", "contract")
@@ -29,6 +31,10 @@ app = App(
 
 def mark(job: Job[Any], what: str) -> None:
     (MARKS / f"{job.job_id}.{what}.{job.attempt}").write_text(str(os.getpid()))
+
+
+def _lookup_member(members: dict[str, Any], member: str) -> Any:
+    return members[member]  # the crash mode's KeyError comes from here
 
 
 @app.consumer(
@@ -52,3 +58,7 @@ async def handle(job: Job[dict[str, Any]], tx: Tx) -> None:
         await asyncio.sleep(3600)
     if mode == "sleep":
         await asyncio.sleep(float(job.payload.get("seconds", 1)))
+    if mode == "crash":
+        _lookup_member({}, f"member-of-{job.job_id}")
+    if mode == "reject":
+        raise BusinessError(f"order {job.job_id} was already shipped", code="SHIPPED")

@@ -71,6 +71,7 @@ def letter_params(
         "history": "[]",
         "enqueued_at": None,
         "partner": partner_of(data),
+        "trace": None,
     }
 
 

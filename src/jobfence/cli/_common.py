@@ -11,17 +11,19 @@ import os
 import re
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from .. import letters
 from ..app import App
 from ..config import ENV_DATABASE_URL, ENV_SCHEMA, ENV_TRANSPORT_URL
+from ..jobs import AttemptRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -351,3 +353,24 @@ def _default(value: Any) -> Any:
 
 def _ts(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def print_attempts(attempts: Sequence[AttemptRecord]) -> None:
+    """The attempt history as a table, then each attempt's traceback (shown as text, never
+    as markup)."""
+    history = Table(title="attempts")
+    for column in ("#", "at", "category", "error", "retry at"):
+        history.add_column(column, overflow="fold")
+    for attempt in attempts:
+        history.add_row(
+            str(attempt.attempt),
+            attempt.at,
+            attempt.category,
+            attempt.error,
+            attempt.retry_at or "",
+        )
+    console.print(history)
+    for attempt in attempts:
+        if attempt.trace:
+            console.print(f"[bold]traceback of attempt {attempt.attempt}[/bold]:")
+            console.print(attempt.trace, markup=False, highlight=False)

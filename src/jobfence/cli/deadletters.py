@@ -34,6 +34,7 @@ from ._common import (
     json_option,
     limit_option,
     make_app,
+    print_attempts,
     run,
 )
 from ._common import transport_option as _transport_option
@@ -163,18 +164,7 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    history = Table(title="attempts")
-    for column in ("#", "at", "category", "error", "retry at"):
-        history.add_column(column, overflow="fold")
-    for attempt in letter.history:
-        history.add_row(
-            str(attempt.attempt),
-            attempt.at,
-            attempt.category,
-            attempt.error,
-            attempt.retry_at or "",
-        )
-    console.print(history)
+    print_attempts(letter.history)
     shown = letters.payload_view(letter.payload)
     size = f"{letter.payload_size} bytes" + (", truncated" if letter.payload_truncated else "")
     console.print(f"[bold]payload[/bold] ({shown['encoding']}, {size}):")

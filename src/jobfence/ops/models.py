@@ -68,6 +68,11 @@ class Attempt(BaseModel):
     category: str
     error: str
     retry_at: str | None = None
+    trace: str | None = Field(
+        None,
+        description="The attempt's traceback: its last 16 KiB, frames only (no local "
+        "variables, no payload); null when the attempt raised nothing (a lost worker).",
+    )
 
 
 class Payload(BaseModel):

@@ -92,9 +92,16 @@ class Transport(ABC):
 
     @abstractmethod
     async def retry(
-        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+        self,
+        delivery: Delivery,
+        delay: timedelta,
+        category: Category,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
-        """Deliver again after ``delay``, keeping the attempt count and adding to the history."""
+        """Deliver again after ``delay``, keeping the attempt count and adding this attempt
+        (its category, error and traceback ``trace``) to the history."""
 
     @abstractmethod
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
@@ -111,7 +118,14 @@ class Transport(ABC):
         """
 
     async def requeue_tx(
-        self, tx: Tx, delivery: Delivery, delay: timedelta, category: Category, error: str
+        self,
+        tx: Tx,
+        delivery: Delivery,
+        delay: timedelta,
+        category: Category,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
         """:meth:`retry` inside the work transaction ``tx``, for a delivery already acked in
         it (group commit). Only a queue in the fence's database can (:attr:`queue_db`)."""

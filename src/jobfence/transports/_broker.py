@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..errors import Category, ConfigurationError
+from ..errors import Category, ConfigurationError, tail
 from ..jobs import AttemptRecord, Delivery, history_from, history_json
 from ..store import OutgoingJob
 
@@ -52,7 +52,11 @@ def parse_iso(value: str | bytes | None) -> datetime | None:
 
 
 def retry_record(
-    delivery: Delivery, delay: timedelta, category: Category, error: str
+    delivery: Delivery,
+    delay: timedelta,
+    category: Category,
+    error: str,
+    trace: str | None = None,
 ) -> AttemptRecord:
     """The history entry of a failed attempt that will be retried after ``delay``.
 
@@ -65,7 +69,35 @@ def retry_record(
         category=category.value,
         error=error,
         retry_at=iso(now + delay),
+        trace=trace,
     )
+
+
+#: The bytes of tracebacks a broker message carries in its history (RabbitMQ's headers must
+#: fit one frame, 128 KiB by default; NATS counts headers into max_payload). The newest
+#: attempts keep theirs; the dead letter keeps the last attempt's in full either way.
+BROKER_TRACE_BUDGET = 32 * 1024
+
+
+def fit_traces(
+    history: list[AttemptRecord], budget: int = BROKER_TRACE_BUDGET
+) -> list[AttemptRecord]:
+    """``history`` with its tracebacks within ``budget`` UTF-8 bytes: newest first, each cut
+    to its last bytes when the rest of the budget is smaller; older ones dropped."""
+    left = budget
+    fitted: list[AttemptRecord] = []
+    for record in reversed(history):
+        trace = record.trace
+        if trace is not None:
+            if left < 512:
+                trace = None
+            elif len(trace.encode("utf-8")) > left:
+                trace = tail(trace, left)
+            left -= len(trace.encode("utf-8")) if trace else 0
+            record = replace(record, trace=trace)
+        fitted.append(record)
+    fitted.reverse()
+    return fitted
 
 
 def with_lost_attempts(history: list[AttemptRecord], attempt: int) -> list[AttemptRecord]:
@@ -110,7 +142,7 @@ class Meta:
         if self.enqueued_at is not None:
             headers[ENQUEUED_AT] = iso(self.enqueued_at)
         if self.history:
-            headers[HISTORY] = history_json(self.history)
+            headers[HISTORY] = history_json(fit_traces(self.history))
         return headers
 
     @classmethod

@@ -189,7 +189,13 @@ class DatabaseQueue(Transport):
         await self.db.run("ack", self._ref(delivery))
 
     async def retry(
-        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+        self,
+        delivery: Delivery,
+        delay: timedelta,
+        category: Category,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
         await self.db.run(
             "retry",
@@ -198,11 +204,19 @@ class DatabaseQueue(Transport):
                 "delay": delay.total_seconds(),
                 "category": category.value,
                 "error": error,
+                "trace": trace,
             },
         )
 
     async def requeue_tx(
-        self, tx: Tx, delivery: Delivery, delay: timedelta, category: Category, error: str
+        self,
+        tx: Tx,
+        delivery: Delivery,
+        delay: timedelta,
+        category: Category,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
         """:meth:`retry` for a delivery whose queue row was already acked in ``tx`` (group
         commit): the row is written again, scheduled, with this attempt in its history, in
@@ -221,6 +235,7 @@ class DatabaseQueue(Transport):
                 "partner": partner_of(delivery.payload),
                 "category": category.value,
                 "error": error,
+                "trace": trace,
             },
         )
 

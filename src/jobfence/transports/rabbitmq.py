@@ -420,9 +420,15 @@ class RabbitMQTransport(Transport):
         await self._settle(delivery, ack=True)
 
     async def retry(
-        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+        self,
+        delivery: Delivery,
+        delay: timedelta,
+        category: Category,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
-        record = retry_record(delivery, delay, category, error)
+        record = retry_record(delivery, delay, category, error, trace)
         meta = Meta.again(delivery, attempts=delivery.attempt, history=[*delivery.history, record])
         route = await self._route(delivery.queue, delay.total_seconds())
         await self._send(route, delivery.payload, meta)

@@ -478,9 +478,15 @@ class RedisTransport(Transport):
         )
 
     async def retry(
-        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+        self,
+        delivery: Delivery,
+        delay: timedelta,
+        category: Category,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
-        record = retry_record(delivery, delay, category, error)
+        record = retry_record(delivery, delay, category, error, trace)
         meta = Meta.again(delivery, attempts=delivery.attempt, history=[*delivery.history, record])
         await self._copy(delivery, meta, delay.total_seconds())
         if delay.total_seconds() > 0:

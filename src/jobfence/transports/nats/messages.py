@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 
 from ...jobs import AttemptRecord, history_from, history_json
+from .._broker import fit_traces
 
 #: Bytes of a message's max_payload kept for jobfence's headers. NATS counts headers into
 #: max_payload; the longest headers of a first publish (a 255-character job id and
@@ -28,7 +29,10 @@ class _State:
 
     def encode(self) -> bytes:
         return json.dumps(
-            {"refunds": self.refunds, "history": json.loads(history_json(self.history))}
+            {
+                "refunds": self.refunds,
+                "history": json.loads(history_json(fit_traces(self.history))),
+            }
         ).encode()
 
     @classmethod

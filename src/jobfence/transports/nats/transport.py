@@ -355,10 +355,16 @@ class NatsTransport(NatsTopology, Transport):
             await self._drop_state(token.stream, token.seq)
 
     async def retry(
-        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+        self,
+        delivery: Delivery,
+        delay: timedelta,
+        category: Category,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
         token: _Token = delivery.token
-        record = retry_record(delivery, delay, category, error)
+        record = retry_record(delivery, delay, category, error, trace)
         if token.exhausted:
             # the server will not deliver this message again: publish a new copy
             meta = Meta.again(

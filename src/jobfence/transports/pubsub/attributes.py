@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 
+from ...errors import tail
 from ...jobs import AttemptRecord
 from .._broker import DELAY, HISTORY, Meta
 
@@ -30,15 +31,27 @@ def _fit(value: str, limit: int = ATTRIBUTE_BYTES) -> str:
     return raw[: limit - 3].decode("utf-8", errors="ignore") + "…"
 
 
+def _dumps(data: dict[str, object]) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
 def _record_value(record: AttemptRecord) -> str:
-    """One history record as an attribute value of at most 1024 bytes (the error is cut)."""
-    data = asdict(record)
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    """One history record as an attribute value of at most 1024 bytes: the error is cut, and
+    the traceback keeps only the last bytes that fit in the room left (often none)."""
+    data = record.to_json()
+    trace = data.pop("trace", None)
+    text = _dumps(data)
     error = record.error
     while len(text.encode("utf-8")) > ATTRIBUTE_BYTES and error:
         error = _fit(error, max(len(error.encode("utf-8")) * 3 // 4, 4))
         data["error"] = error
-        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+        text = _dumps(data)
+    room = ATTRIBUTE_BYTES - len(text.encode("utf-8")) - len(',"trace":""')
+    while trace and room > 64:
+        candidate = _dumps({**data, "trace": tail(trace, room)})
+        if len(candidate.encode("utf-8")) <= ATTRIBUTE_BYTES:
+            return candidate
+        room -= 64  # JSON escapes made it longer: keep less
     return text
 
 

@@ -298,9 +298,15 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         await self._acks.ack(token.subscription, token.ack_id)
 
     async def retry(
-        self, delivery: Delivery, delay: timedelta, category: Category, error: str
+        self,
+        delivery: Delivery,
+        delay: timedelta,
+        category: Category,
+        error: str,
+        *,
+        trace: str | None = None,
     ) -> None:
-        record = retry_record(delivery, delay, category, error)
+        record = retry_record(delivery, delay, category, error, trace)
         meta = Meta.again(delivery, attempts=delivery.attempt, history=[*delivery.history, record])
         await self._copy(delivery, meta, delay.total_seconds())
 

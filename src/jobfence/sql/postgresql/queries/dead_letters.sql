@@ -12,7 +12,8 @@ VALUES (
         'attempt', %(attempts)s::int,
         'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
         'category', %(category)s::text,
-        'error', %(error)s::text)),
+        'error', %(error)s::text)
+        || jsonb_strip_nulls(jsonb_build_object('trace', %(trace)s::text))),
     %(enqueued_at)s, %(partner)s,
     -- a replayed job that fails again links to the letter it was replayed from
     (SELECT max(id) FROM core.dead_letters

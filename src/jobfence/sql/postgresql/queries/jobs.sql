@@ -92,7 +92,8 @@ UPDATE core.jobs SET
         'category', %(category)s::text,
         'error', %(error)s::text,
         'retry_at', to_char((now() + make_interval(secs => %(delay)s)) AT TIME ZONE 'UTC',
-                            'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+                            'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+        || jsonb_strip_nulls(jsonb_build_object('trace', %(trace)s::text)))
 WHERE id = %(id)s AND lease_token = %(token)s
 
 -- name: release
@@ -136,7 +137,8 @@ VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(attempts)s,
             'category', %(category)s::text,
             'error', %(error)s::text,
             'retry_at', to_char((now() + make_interval(secs => %(delay)s)) AT TIME ZONE 'UTC',
-                                'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+                                'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+            || jsonb_strip_nulls(jsonb_build_object('trace', %(trace)s::text))),
         %(partner)s)
 
 -- name: copy_jobs

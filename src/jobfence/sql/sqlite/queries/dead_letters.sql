@@ -8,8 +8,9 @@ INSERT INTO core_dead_letters (
 VALUES (
     :queue, :consumer, :job_id, :correlation_id, :payload, :payload_size, :payload_truncated,
     :attempts, :category, :error_code, :error,
-    json_insert(:history, '$[#]', json_object(
-        'attempt', :attempts, 'at', {NOW_ISO}, 'category', :category, 'error', :error)),
+    json_insert(:history, '$[#]', json_patch(json_object(
+        'attempt', :attempts, 'at', {NOW_ISO}, 'category', :category, 'error', :error),
+        json_object('trace', :trace))),
     :enqueued_at, {NOW}, :partner,
     -- a replayed job that fails again links to the letter it was replayed from
     (SELECT max(id) FROM core_dead_letters

@@ -64,12 +64,13 @@ UPDATE core_jobs SET
     lease_token = NULL,
     lease_expires_at = NULL,
     worker_id = NULL,
-    history = json_insert(history, '$[#]', json_object(
+    history = json_insert(history, '$[#]', json_patch(json_object(
         'attempt', attempts,
         'at', {NOW_ISO},
         'category', :category,
         'error', :error,
-        'retry_at', strftime('%Y-%m-%dT%H:%M:%fZ', {NOW} + :delay, 'unixepoch')))
+        'retry_at', strftime('%Y-%m-%dT%H:%M:%fZ', {NOW} + :delay, 'unixepoch')),
+        json_object('trace', :trace)))
 WHERE id = :id AND lease_token = :token
 
 -- name: release
