@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 from playwright.async_api import expect
@@ -332,3 +333,34 @@ async def test_another_partners_letters_are_invisible(console: Console) -> None:
     response = await page.goto(f"/ui/dead-letters/{acme}")
     assert response is not None
     assert response.status == 200
+
+
+async def test_a_real_failure_shows_its_traceback(console: Console) -> None:
+    """A worker's handler fails for good; the letter's page shows the attempt's traceback
+    (the frames, down to the function that raised)."""
+    from jobfence import App, Job, NonRetryableError, Tx
+
+    from ..helpers import RunningWorker, eventually
+
+    worker_app = App(console.database_url)
+
+    def charge_card(order: str) -> None:
+        raise NonRetryableError(f"card declined for {order}")
+
+    @worker_app.consumer("payments")
+    async def pay(job: Job[Any], tx: Tx) -> None:
+        charge_card(job.job_id)
+
+    await console.app.enqueue("payments", {"amount": 5}, job_id="order-77")
+    async with worker_app, RunningWorker(worker_app, poll_interval=0.2):
+        letter = await eventually(
+            lambda: scalar(console.database_url, "SELECT max(id) FROM core.dead_letters"),
+            what="the dead letter",
+        )
+    page = await console.signed_in(console.tokens.operator)
+    await page.goto(f"/ui/dead-letters/{letter}")
+    await page.click("summary:has-text('Traceback')")
+    trace = page.locator("pre.trace")
+    await expect(trace).to_contain_text("charge_card")
+    await expect(trace).to_contain_text("card declined for order-77")
+    await console.shot(page, "letter-traceback")

@@ -165,3 +165,29 @@ async def test_the_console_over_sqlite(sqlite_database: str) -> None:
             assert r.status_code == 303
     await app.close()
     assert await scalar(url, "SELECT status FROM core_dead_letters") == "discarded"
+
+
+async def test_a_session_expires(pg_database: str) -> None:
+    """A sign-in lasts --session-ttl at most: then every page sends you to sign in again."""
+    from datetime import timedelta
+
+    from ..helpers import eventually
+
+    tokens = await make_tokens(pg_database)
+    app = App(pg_database)
+    api = create_app(jobfence_app=app, session_ttl=timedelta(seconds=1))
+    async with (
+        serve(api) as base,
+        httpx.AsyncClient(base_url=base, headers={"Origin": base}) as client,
+    ):
+        signin = await client.post("/ui/login", data={"token": tokens.viewer})
+        assert signin.status_code == 303
+        assert "Max-Age=1;" in signin.headers["set-cookie"]
+        assert (await client.get("/ui/")).status_code == 200
+
+        async def signed_out() -> bool:
+            r = await client.get("/ui/audit")
+            return r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+
+        await eventually(signed_out, timeout=10, what="the session to expire")
+    await app.close()

@@ -46,7 +46,7 @@ def install(
 ) -> None:
     """Serve the console under ``/ui`` of ``api`` (an app made by
     :func:`jobfence.ops.app.create_app`)."""
-    api.state.ui_sessions = Sessions(ttl=session_ttl, idle=idle)
+    api.state.ui_sessions = Sessions(ttl=session_ttl, idle=min(idle, session_ttl))
     api.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
     for module in (signin, overview, letters, jobs, pages):
         api.include_router(module.router, include_in_schema=False)
