@@ -153,8 +153,12 @@ async def test_bulk_replay_preview_confirm_done(console: Console) -> None:
     await expect(page.locator("#total")).to_have_text("7")
     await console.shot(page, "bulk-replay-preview")
     assert await scalar(url, "SELECT count(*) FROM core.jobs") == 0
+    await page.fill("input[name=rate]", "4")  # slow enough to watch it run
     await page.click("text=Confirm: replay 7 letters")
+    await expect(page.locator("#replay-state")).to_have_text("running")
+    await page.evaluate("window.sameDocument = true")  # progress comes without a reload
     await expect(page.locator("#replay-state")).to_have_text("done", timeout=20_000)
+    assert await page.evaluate("window.sameDocument") is True
     await expect(page.locator("td[data-outcome=published]")).to_have_text("7")
     await console.shot(page, "bulk-replay-done")
     assert await query(

@@ -23,6 +23,7 @@ OPERATOR: Any = Depends(operator)
 LETTER: Any = Path(ge=1, le=MAX_ID)
 REPLAY: Any = Path(ge=1, le=MAX_ID)
 PAGE = 50
+DEFAULT_RATE = 500.0  # letters per second, as the ops API's default
 FILTERS = ("status", "queue", "consumer", "category", "error", "job_id", "since", "until")
 CATEGORIES = [c.value for c in Category]
 
@@ -221,11 +222,18 @@ async def run_replay(request: Request, replay_id: int = REPLAY, user: User = OPE
         expected = int(form.get("expected_total", ""))
     except ValueError:
         raise Refused(422, "confirm the total the preview showed") from None
+    try:
+        rate = float(form["rate"]) if form.get("rate") else DEFAULT_RATE
+    except ValueError:
+        raise Refused(422, "the rate is letters per second, e.g. 200") from None
+    if not 0 < rate <= 100_000:
+        raise Refused(422, "the rate must be between 0 and 100 000 letters per second")
     ops = request.app.state.ops
     await ops.launch_replay(
         replay_id,
         actor=actor_of(user.principal),
         expected_total=expected,
+        rate=rate,
         reason=form.get("reason") or None,
     )
     user.session.flash.append(("ok", f"Bulk replay {replay_id} started"))
