@@ -338,6 +338,19 @@ async def test_another_partners_letters_are_invisible(console: Console) -> None:
     assert response is not None
     assert response.status == 200
 
+    await console.app.enqueue("orders", {"partner_id": "acme"}, job_id="job-acme")
+    await console.app.enqueue("orders", {"partner_id": "globex"}, job_id="job-globex")
+    rows = dict(await query(console.database_url, "SELECT job_id, id FROM core.jobs"))
+    await page.goto("/ui/jobs")
+    await expect(page.locator("#jobs tbody tr")).to_have_count(1)
+    await expect(page.locator("#jobs")).to_contain_text("job-acme")
+    response = await page.goto(f"/ui/jobs/{rows['job-globex']}")
+    assert response is not None
+    assert response.status == 404
+    await page.goto("/ui/queues")
+    await expect(page.locator("tr[data-queue=orders]")).to_contain_text("1")
+    await expect(page.locator("tr[data-queue=orders] button")).to_have_count(0)
+
 
 async def test_a_real_failure_shows_its_traceback(console: Console) -> None:
     """A worker's handler fails for good; the letter's page shows the attempt's traceback
