@@ -1,4 +1,11 @@
-"""HTTP ingestion: wrk against the purchase-order API (see bench/systems/http_server.py)."""
+"""HTTP ingestion: wrk against the purchase-order API, the bare idempotency middleware and a
+bare ASGI app (the floor), each under uvicorn in its own process (bench/systems/http_server.py).
+
+Every figure comes with its floor from the same run: the bare ASGI app's ``GET /healthz`` is
+what uvicorn costs on this machine. A server whose one-connection keep-alive answer takes
+more than a few ms (no TCP_NODELAY: ~40 ms per answer) stops the workload instead of
+producing a floor that hides it.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,21 @@ import psycopg
 from measure import BENCH, BenchError, Worker, fresh_database, python_for
 
 CONNECTIONS = 16
+#: a keep-alive answer on loopback slower than this means Nagle + delayed ACK (~40 ms)
+NAGLE_MS = 20.0
+
+BARE = "bare ASGI app under uvicorn: GET /healthz (floor)"
+PO_HEALTHZ = "purchase-order API: GET /healthz (no database)"
+PO_POST = "purchase-order API: POST /requests with Idempotency-Key"
+MW_POST = "IdempotencyMiddleware + trivial app: POST with Idempotency-Key"
+BARE_POST = "bare ASGI app: POST (no middleware)"
+#: each figure's baseline in the table: its floor measured in the same run
+HTTP_BASELINES = {
+    BARE_POST: BARE,
+    PO_HEALTHZ: BARE,
+    PO_POST: PO_HEALTHZ,
+    MW_POST: BARE_POST,
+}
 
 
 def _ms(text: str) -> float:
@@ -21,25 +43,32 @@ def _ms(text: str) -> float:
 
 
 def wrk(
-    url: str, seconds: float, script: str | None = None, env: dict[str, str] | None = None
+    url: str,
+    seconds: float,
+    script: str | None = None,
+    env: dict[str, str] | None = None,
+    connections: int = CONNECTIONS,
 ) -> dict[str, Any]:
     if shutil.which("wrk") is None:
         raise BenchError("the HTTP workload needs wrk: apt-get install -y wrk")
-    cmd = ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{seconds:.0f}s", "--latency", url]
+    threads = min(2, connections)
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:.0f}s", "--latency", url]
     if script:
         cmd[1:1] = ["-s", script]
     out = subprocess.run(
         cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=seconds + 60
     ).stdout
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    p50 = re.search(r"\s50%\s+([\d.]+(?:us|ms|s))", out)
     p99 = re.search(r"\s99%\s+([\d.]+(?:us|ms|s))", out)
     total = re.search(r"(\d+) requests in", out)
-    if not (rps and p99 and total):
+    if not (rps and p50 and p99 and total):
         raise BenchError(f"could not read wrk's output:\n{out}")
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
     return {
         "rps": float(rps.group(1)),
+        "p50": _ms(p50.group(1)),
         "p99": _ms(p99.group(1)),
         "requests": int(total.group(1)),
         "non_2xx": int(bad.group(1)) if bad else 0,
@@ -47,40 +76,100 @@ def wrk(
     }
 
 
+def _measured(server: Worker, url: str, seconds: float, **kw: Any) -> dict[str, Any]:
+    """wrk against ``url``, with the server process's CPU per request over the run."""
+    before = server.ps.cpu_times()
+    result = wrk(url, seconds, **kw)
+    after = server.ps.cpu_times()
+    cpu = (after.user - before.user) + (after.system - before.system)
+    result["cpu_ms_per_request"] = cpu / max(1, result["requests"]) * 1000
+    return result
+
+
+def _keepalive_check(name: str, url: str) -> float:
+    """One connection, one request at a time: the answer's p50 must be a few ms."""
+    r = wrk(url, 2, connections=1)
+    if r["p50"] > NAGLE_MS:
+        raise BenchError(
+            f"HTTP {name}: a keep-alive answer takes {r['p50']:.1f} ms on one connection — "
+            "the server's socket has no TCP_NODELAY (open it with jobfence.http."
+            "tcp_listen_socket, not socket.socket())"
+        )
+    return float(r["p50"])
+
+
+def _start(mode: str, *args: str) -> tuple[Worker, dict[str, Any]]:
+    script = str(BENCH / "systems" / "http_server.py")
+    server = Worker([python_for("jobfence"), script, mode, *args])
+    try:
+        return server, server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+
+
 def http_ingestion(seconds: float) -> dict[str, dict[str, Any]]:
-    """Requests/s and p99 of POST /requests (a new Idempotency-Key each), next to GET
-    /healthz of the same server (the framework's floor, no database). Verifies: no error
-    response, and one request row per accepted POST."""
+    """Requests/s, p50/p99 and server CPU per request of: the bare ASGI app (the floor), the
+    purchase-order API's GET /healthz and its POST /requests (a new Idempotency-Key each),
+    and the bare middleware in front of a trivial app. Verifies: no error response, one
+    request row per accepted POST, one stored key per middleware POST."""
+    script = str(BENCH / "http_key.lua")
+    out: dict[str, dict[str, Any]] = {}
+    server, ready = _start("bare")
+    try:
+        base = f"http://127.0.0.1:{ready['port']}"
+        _keepalive_check("bare ASGI app", f"{base}/healthz")
+        out[BARE] = _measured(server, f"{base}/healthz", seconds)
+        out[BARE_POST] = _measured(
+            server, f"{base}/post", seconds, script=script, env={"BENCH_PATH": "/post"}
+        )
+    finally:
+        server.stop()
     with fresh_database() as url:
-        server = Worker([python_for("jobfence"), str(BENCH / "systems" / "http_server.py"), url])
+        server, ready = _start("po", url)
         try:
-            ready = server.wait_ready()
             base = f"http://127.0.0.1:{ready['port']}"
-            floor = wrk(f"{base}/healthz", seconds)
-            post = wrk(
-                f"{base}/requests",
-                seconds,
-                str(BENCH / "http_po.lua"),
-                env={"BENCH_PO_TOKEN": ready["token"]},
-            )
+            one = _keepalive_check("purchase-order API", f"{base}/healthz")
+            out[PO_HEALTHZ] = _measured(server, f"{base}/healthz", seconds)
+            out[PO_HEALTHZ]["keepalive_p50"] = one
+            out[PO_POST] = _measured(
+                server, f"{base}/requests", seconds, script=script,
+                env={"BENCH_PO_TOKEN": ready["token"], "BENCH_PATH": "/requests"},
+            )  # fmt: skip
         finally:
             server.stop()
-        for name, r in (("healthz", floor), ("POST", post)):
-            if r["non_2xx"] or r["socket_errors"]:
-                raise BenchError(
-                    f"HTTP {name}: {r['non_2xx']} error responses, "
-                    f"socket errors {r['socket_errors']!r}"
-                )
         with psycopg.connect(url, autocommit=True) as conn:
             row = conn.execute("SELECT count(*) FROM purchase_orders.requests").fetchone()
         rows = int(row[0]) if row else 0
-        if not post["requests"] <= rows <= post["requests"] + CONNECTIONS:
-            raise BenchError(f"HTTP POST: {post['requests']} accepted but {rows} request rows")
-    return {
-        "baseline: GET /healthz (no database)": floor,
-        "POST /requests with Idempotency-Key": post,
-    }
+        accepted = out[PO_POST]["requests"]
+        if not accepted <= rows <= accepted + CONNECTIONS:
+            raise BenchError(f"HTTP POST: {accepted} accepted but {rows} request rows")
+    with fresh_database() as url:
+        server, ready = _start("middleware", url)
+        try:
+            base = f"http://127.0.0.1:{ready['port']}"
+            out[MW_POST] = _measured(
+                server, f"{base}/post", seconds, script=script, env={"BENCH_PATH": "/post"}
+            )
+        finally:
+            server.stop()
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM core.idempotency_keys WHERE state = 'completed'"
+            ).fetchone()
+        keys = int(row[0]) if row else 0
+        accepted = out[MW_POST]["requests"]
+        if not accepted <= keys <= accepted + CONNECTIONS:
+            raise BenchError(f"HTTP middleware: {accepted} accepted but {keys} stored keys")
+    for name, r in out.items():
+        if r["non_2xx"] or r["socket_errors"]:
+            raise BenchError(
+                f"HTTP {name}: {r['non_2xx']} error responses, socket errors {r['socket_errors']!r}"
+            )
+    return out
 
 
 if __name__ == "__main__":
-    print(json.dumps(http_ingestion(3.0), indent=1))
+    import sys
+
+    print(json.dumps(http_ingestion(float(sys.argv[1]) if len(sys.argv) > 1 else 3.0), indent=1))

@@ -533,16 +533,22 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
                 f"(enqueue_many {out['enqueue']:,.0f})"
             )
     if "http" in only:
-        from http_bench import http_ingestion
+        from http_bench import HTTP_BASELINES, http_ingestion
 
         seconds = max(3.0, 15.0 * min(1.0, scale * 4))
         for i in range(args.repeat):
             out = http_ingestion(seconds)
             for label, data in out.items():
-                results.row("HTTP requests/s", label, "req/s").values.append(data["rps"])
-                results.row("HTTP p99", label, "ms", higher_is_better=False).values.append(
-                    data["p99"]
+                base = HTTP_BASELINES.get(label)
+                results.row("HTTP requests/s", label, "req/s", baseline=base).values.append(
+                    data["rps"]
                 )
+                results.row(
+                    "HTTP p99", label, "ms", higher_is_better=False, baseline=base
+                ).values.append(data["p99"])
+                results.row(
+                    "HTTP server CPU", label, "ms/req", higher_is_better=False, baseline=base
+                ).values.append(data["cpu_ms_per_request"])
             step(
                 f"http {i + 1}/{args.repeat}: "
                 + ", ".join(
@@ -584,6 +590,8 @@ BASELINES = {
 def _fmt(value: float, unit: str) -> str:
     if value != value:  # nan
         return "—"
+    if unit == "ms/req":
+        return f"{value:,.2f}"
     if unit == "ms":
         return f"{value:,.1f}"
     return f"{value:,.0f}"
@@ -591,6 +599,8 @@ def _fmt(value: float, unit: str) -> str:
 
 def baseline_for(results: Results, r: Row) -> Row | None:
     w = r.workload
+    if r.baseline is not None:
+        return results.get(w, r.baseline)
     if w == "durable":
         return results.get(w, PGBENCH.label)
     if w == "noop":
@@ -602,8 +612,6 @@ def baseline_for(results: Results, r: Row) -> Row | None:
         return results.get(w, "jobfence (fence), no duplicates")
     if w in ("bulk enqueue", "dead-letter replay", "outbox relay", "transports (durable)"):
         return rows[-1] if w != "transports (durable)" else rows[0]
-    if w.startswith("HTTP"):
-        return next((x for x in rows if x.label.startswith("baseline")), None)
     return None
 
 

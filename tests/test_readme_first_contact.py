@@ -1,7 +1,10 @@
 """Issue 12 §2: the README's first-contact path, run as a new user runs it — the twenty lines
 as ``myapp.py`` (its database URL is the only thing changed, to the test's own database), the
 ledger DDL, then every shell line of the README verbatim: migrate, worker, enqueue,
-dead-letters, and the ops API."""
+dead-letters, and the ops API.
+
+Issue 13: the same path runs unchanged on SQLite too, with the URL the README's comment
+gives (``sqlite:///jobs.db``): the handler's ``%s`` placeholders work on both stores."""
 
 from __future__ import annotations
 
@@ -93,9 +96,10 @@ class User:
         return done
 
     def stop(self) -> None:
-        for proc in self.background:
+        procs, self.background = self.background, []
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
-        for proc in self.background:
+        for proc in procs:
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -104,10 +108,11 @@ class User:
 
 
 @pytest.fixture
-def user(tmp_path: Path) -> Iterator[User]:
-    person = User(tmp_path)
-    yield person
-    person.stop()
+def folders(tmp_path: Path) -> Iterator[list[User]]:
+    users: list[User] = []
+    yield users
+    for person in users:
+        person.stop()
 
 
 async def create_ledger(database_url: str) -> None:
@@ -121,16 +126,41 @@ async def create_ledger(database_url: str) -> None:
         await db.close()
 
 
-@pytest.fixture
-def store(empty_pg_database: str) -> str:
-    # One test, not one per store run in parallel: the README's ports (8089, 9108) are fixed.
-    return empty_pg_database
+def readme_sqlite_url() -> str:
+    (source,) = [b for b in blocks("python") if "# myapp.py" in b]
+    found = re.search(r'# or "(sqlite:///[^"]+)"', source)
+    assert found is not None, "the README's app names the SQLite URL next to PostgreSQL's"
+    return found.group(1)
 
 
-async def test_the_readme_first_contact_path_runs_verbatim(user: User, store: str) -> None:
+async def test_the_readme_first_contact_path_runs_verbatim(
+    folders: list[User], empty_pg_database: str, tmp_path: Path
+) -> None:
+    """On PostgreSQL, then on SQLite — one after the other, in one test: the README's ports
+    (8089, 9108) are fixed."""
+    sqlite_url = readme_sqlite_url()  # relative: the file lands in the user's folder
+    for name, app_url in (("postgresql", empty_pg_database), ("sqlite", sqlite_url)):
+        folder = tmp_path / name
+        folder.mkdir()
+        user = User(folder)
+        folders.append(user)
+        store = app_url
+        if app_url.startswith("sqlite:///"):
+            store = f"sqlite:///{folder / app_url.removeprefix('sqlite:///')}"
+        await first_contact(user, app_url, store)
+        user.stop()
+        files = sorted(p.name for p in folder.glob("*.db"))
+        assert files == ([] if name == "postgresql" else [Path(store).name]), (
+            "no command made a SQLite file of its own"
+        )
+
+
+async def first_contact(user: User, app_url: str, store: str) -> None:
+    """The README's shell lines in ``user``'s folder, with ``myapp.py`` on ``app_url``
+    (``store`` is the same database as the test reaches it)."""
     lines = shell_lines()
     assert any(line.startswith("jobfence worker") for line in lines)
-    (user.folder / "myapp.py").write_text(app_source(store), encoding="utf-8")
+    (user.folder / "myapp.py").write_text(app_source(app_url), encoding="utf-8")
     for line in lines:
         if line.startswith("jobfence dead-letters list"):
             # the worker runs in the background: wait until it has handled both jobs
@@ -152,7 +182,6 @@ async def test_the_readme_first_contact_path_runs_verbatim(user: User, store: st
     assert await query(store, "SELECT member_id, points, job_id FROM ledger") == [
         ("m-1", 40, "order-42")
     ]
-    assert not list(user.folder.glob("*.db")), "no command made a SQLite file of its own"
 
 
 def _serving(port: int) -> bool:

@@ -188,6 +188,16 @@ class App:
 
         return register
 
+    @property
+    def consumed_queues(self) -> list[str]:
+        """The queues this app's consumers serve, sorted."""
+        return sorted(self.consumers)
+
+    def serves(self, queue: str) -> bool:
+        """Whether one of this app's consumers takes jobs from ``queue`` (a job enqueued
+        anywhere else waits until some other app serves its queue)."""
+        return queue in self.consumers
+
     def redelivery_exposure(self) -> timedelta:
         """The longest time a delivery of one of this app's jobs can still arrive (the
         longest retry window plus a lease per attempt, see :func:`jobfence.fence.exposure`):

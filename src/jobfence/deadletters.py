@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, get_args
 
@@ -191,12 +191,6 @@ class ItemResult:
     dead_letter_id: int
     outcome: ItemOutcome
     detail: str | None = None
-
-
-@dataclass(frozen=True)
-class Stats:
-    letters: list[dict[str, Any]]  # queue, category, status, letters
-    queue_depth: list[dict[str, Any]] | None = field(default=None)  # None for partner scopes
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -419,34 +413,6 @@ async def audit(
     )
     entries = [_entry(r) for r in rows]
     return Page(entries, entries[-1].id if len(entries) == limit else None)
-
-
-async def stats(
-    db: Database, *, actor: Actor, queue_db: Database | None = None, depth: bool = True
-) -> Stats:
-    """Letters by queue, category and status; the queue depth for unscoped callers."""
-    rows = await db.run("dl_stats", {"partner": actor.partner})
-    letters = [{**r, "letters": int(r["letters"])} for r in rows]
-    if actor.partner is not None or not depth:
-        return Stats(letters)
-    jobs = await (queue_db or db).run("queue_depth")
-    return Stats(letters, [{**r, "jobs": int(r["jobs"])} for r in jobs])
-
-
-async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None:
-    """Set the pending-review, queue-depth and undelivered-alert gauges (SPEC K1)."""
-    from .metrics import ALERTS_UNDELIVERED, PENDING_REVIEW, QUEUE_DEPTH
-
-    pending = await db.run("dl_pending_counts")
-    depth = await (queue_db or db).run("queue_depth")
-    undelivered = await db.run("alerts_undelivered")
-    PENDING_REVIEW.clear()
-    for row in pending:
-        PENDING_REVIEW.labels(row["queue"], row["category"]).set(int(row["letters"]))
-    QUEUE_DEPTH.clear()
-    for row in depth:
-        QUEUE_DEPTH.labels(row["queue"], row["state"]).set(int(row["jobs"]))
-    ALERTS_UNDELIVERED.set(int(undelivered[0]["deliveries"]))
 
 
 # -- act: discard ----------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from datetime import timedelta
 from .alerts import AlertDispatcher, AlertSink, sinks_from_env
 from .cleanup import DEFAULT_BATCH, DEFAULT_INTERVAL, cleanup_loop
 from .db import Database
-from .deadletters import refresh_gauges
 from .errors import ConfigurationError
+from .stats import refresh_gauges
 
 log = logging.getLogger("jobfence.maintenance")
 

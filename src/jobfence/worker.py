@@ -62,7 +62,7 @@ class Worker:
         if batch_window < 0:
             raise ValueError("batch_window must be >= 0 seconds")
         self.app = app
-        known = sorted(app.consumers)
+        known = app.consumed_queues
         wanted = list(queues) if queues else known
         unknown = sorted(set(wanted) - set(known))
         if unknown:

@@ -380,6 +380,7 @@ async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:
             }
         ],
         "queue_depth": [],
+        "queues": [],
     }
 
 
@@ -425,6 +426,7 @@ async def test_metrics_are_refused_to_partner_scoped_tokens(ops: OpsServer) -> N
             }
         ],
         "queue_depth": None,
+        "queues": None,
     }
     assert unscoped.status_code == 200
     assert "jobfence_dead_letters_pending_review" in unscoped.text
@@ -526,3 +528,22 @@ async def test_status_all_lists_every_status_as_the_cli_does(ops: OpsServer) -> 
     assert [x["id"] for x in pending.json()["items"]] == [kept]
     assert bogus.status_code == 422
     assert "all" in bogus.text
+
+
+async def test_stats_mark_queues_the_app_does_not_serve(ops: OpsServer) -> None:
+    """Issue 12 §5: /v1/stats lists each queue's backlog (waiting, running, the oldest waiting
+    job's age) and says whether one of the app's consumers serves it."""
+
+    @ops.app.consumer("points.credit")
+    async def credit(job: Any, tx: Any) -> None:
+        pass
+
+    await ops.app.enqueue("no.such.queue", {}, job_id="typo-1")
+    await ops.app.enqueue("points.credit", {}, job_id="ok-1")
+    async with ops.client(ops.tokens.viewer) as viewer:
+        found = (await viewer.get("/v1/stats")).json()
+    queues = {q["queue"]: q for q in found["queues"]}
+    assert queues["no.such.queue"]["served"] is False
+    assert queues["points.credit"]["served"] is True
+    assert queues["no.such.queue"]["waiting"] == 1
+    assert queues["no.such.queue"]["oldest_waiting_s"] >= 0

@@ -12,6 +12,7 @@ import pytest
 
 from jobfence import App, Job, NonRetryableError, RetryPolicy, ReviewConflict, Tx
 from jobfence import deadletters as dl
+from jobfence import stats as counts
 from jobfence.harness import Outcome
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table
@@ -297,7 +298,7 @@ async def test_a_partner_scope_sees_and_acts_on_its_own_letters_only(database_ur
             with pytest.raises(dl.NotFound):
                 await dl.discard(app.db, letter, actor=acme_ops, reason="not mine")
         shown = await dl.show(app.db, acme, actor=acme_ops)
-        found = await dl.stats(app.db, actor=acme_ops)
+        found = await counts.stats(app.db, actor=acme_ops)
     assert [x.id for x in page.items] == [acme]
     assert [x.partner for x in everyone.items] == [None, "globex", "acme"]
     assert shown.letter.partner == "acme"

@@ -448,7 +448,7 @@ def replay_report(
     console.print(table)
 
 
-# -- dead-letters discard, audit, stats --------------------------------------------------------
+# -- dead-letters discard, audit ---------------------------------------------------------------
 
 
 @dead_letters.command("discard")
@@ -558,32 +558,3 @@ def audit(
             json.dumps(e.details, ensure_ascii=False) if e.details else "",
         )
     console.print(table)
-
-
-@dead_letters.command("stats")
-@database_option
-@json_option
-def stats(database_url: str | None, as_json: bool) -> None:
-    """Dead letters by queue, category and status, and the queue depth."""
-
-    async def go() -> service.Stats:
-        async with _opened(database_url) as app:
-            return await service.stats(app.db, actor=service.Actor(_default_actor(), "cli"))
-
-    found = run(go())
-    if as_json:
-        _emit({"letters": found.letters, "queue_depth": found.queue_depth})
-        return
-    table = Table(title="dead letters")
-    for column in ("queue", "category", "status", "letters"):
-        table.add_column(column)
-    for row in found.letters:
-        table.add_row(row["queue"], row["category"], row["status"], str(row["letters"]))
-    console.print(table)
-    if found.queue_depth:
-        depth = Table(title="queue depth")
-        for column in ("queue", "state", "jobs"):
-            depth.add_column(column)
-        for row in found.queue_depth:
-            depth.add_row(row["queue"], row["state"], str(row["jobs"]))
-        console.print(depth)

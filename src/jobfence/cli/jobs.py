@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import click
 
+from ..app import App
 from ..config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, check_schema_name
 from ..jobs import check_job_id, check_queue
 from ..sql import DEFAULT_SCHEMA, Dialect
@@ -246,7 +247,8 @@ def enqueue(
     raw: bool,
     as_json: bool,
 ) -> None:
-    """Put one job on QUEUE."""
+    """Put one job on QUEUE (with --app, warns on stderr if none of its consumers serves
+    QUEUE)."""
 
     # bytes end to end: stdin as bytes, argv back to the bytes it was given as (os.fsencode
     # undoes Python's surrogateescape decoding of argv)
@@ -292,7 +294,24 @@ def enqueue(
             )
 
     found = run(go())
+    unserved = unserved_warning(app, queue)
+    if unserved:
+        click.echo(unserved, err=True)
     if as_json:
         _emit({"job_id": found, "queue": queue})
     else:
         console.print(found)
+
+
+def unserved_warning(app: App, queue: str) -> str | None:
+    """One line for stderr when ``app`` has consumers but none serves ``queue`` (a typo, or
+    a queue another app serves): the job is enqueued all the same. An app without consumers
+    (a producer) says nothing: it cannot know who serves what."""
+    if not app.consumers or app.serves(queue):
+        return None
+    ctx = click.get_current_context(silent=True)
+    name = (ctx.meta.get("jobfence.app") if ctx is not None else None) or "the app"
+    return (
+        f"warning: no consumer of {name} serves queue {queue!r} (it serves: "
+        f"{', '.join(app.consumed_queues)}); the job waits until a worker for that queue runs"
+    )

@@ -165,10 +165,15 @@ _savepoints = itertools.count(1)
 
 
 class Tx(ABC):
-    """An open transaction. Handlers use ``execute``/``fetchone``/``fetchall`` with the
-    driver's own placeholders (``%s`` on PostgreSQL, ``?`` on SQLite; see ``paramstyle``).
-    ``connection`` is the driver's connection (psycopg ``AsyncConnection`` or aiosqlite
-    ``Connection``) for anything else.
+    """An open transaction. Handlers use ``execute``/``fetchone``/``fetchall`` with one
+    placeholder style on both stores, psycopg's: ``%s`` for a positional parameter,
+    ``%(name)s`` for a named one (a mapping), ``%%`` for a literal percent; a ``%`` inside a
+    string literal, a quoted identifier or a comment is text. On SQLite the statement is
+    translated to ``?`` (:mod:`jobfence.db.placeholders`; SQLite's own ``?`` still works
+    there, without ``%s`` in the same statement, but is not portable). Without parameters a
+    statement runs exactly as written. ``connection`` is the driver's connection (psycopg
+    ``AsyncConnection`` or aiosqlite ``Connection``, with the driver's own placeholders)
+    for anything else.
 
     The transaction belongs to jobfence (SPEC H5): a handler may not commit, roll back, end
     or replace it, on ``tx`` or on ``connection`` (such statements are refused and fail the

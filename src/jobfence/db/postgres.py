@@ -31,8 +31,14 @@ from . import (
     aborted,
     ended,
 )
+from .placeholders import for_psycopg
 
 log = logging.getLogger("jobfence.db")
+
+
+def _handler_sql(sql: str, params: Params) -> str:
+    """A handler's statement for psycopg (see :mod:`.placeholders`)."""
+    return for_psycopg(sql) if params is not None and isinstance(sql, str) else sql
 
 
 def _first_line(exc: BaseException) -> str:
@@ -200,11 +206,11 @@ class PgTx(Tx):
         return self._conn
 
     async def execute(self, sql: str, params: Params = None) -> int:
-        cur = await self.connection.execute(sql, params)
+        cur = await self.connection.execute(_handler_sql(sql, params), params)
         return cur.rowcount
 
     async def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
-        cur = await self.connection.execute(sql, params)
+        cur = await self.connection.execute(_handler_sql(sql, params), params)
         if cur.description is None:
             return []
         return await cur.fetchall()
@@ -262,12 +268,12 @@ class PgPipelineTx(PgTx):
         return False  # COPY is not available in pipeline mode
 
     async def execute(self, sql: str, params: Params = None) -> int:
-        cur = await self.connection.execute(sql, params)
+        cur = await self.connection.execute(_handler_sql(sql, params), params)
         await self._pipeline.sync()
         return cur.rowcount
 
     async def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
-        cur = await self.connection.execute(sql, params)
+        cur = await self.connection.execute(_handler_sql(sql, params), params)
         await self._pipeline.sync()
         if cur.description is None:
             return []

@@ -18,6 +18,7 @@ import aiosqlite
 
 from ..errors import DatabaseUnavailable, TransactionBoundaryError
 from . import SAVEPOINT_PREFIX, Database, Params, Row, Tx, TxGuard, ended, refusal
+from .placeholders import for_sqlite
 
 BUSY_TIMEOUT_MS = 30_000
 T = TypeVar("T")
@@ -63,7 +64,7 @@ class _Lent:
 
 class SqliteTx(Tx):
     dialect = "sqlite"
-    paramstyle = "qmark"
+    paramstyle = "pyformat"  # translated to SQLite's `?` (see .placeholders)
 
     def __init__(self, conn: aiosqlite.Connection, sql: Mapping[str, LiteralString]) -> None:
         self._conn = conn
@@ -74,16 +75,20 @@ class SqliteTx(Tx):
         return self._conn
 
     async def execute(self, sql: str, params: Params = None) -> int:
+        query, args = for_sqlite(sql, params)
+
         async def run() -> int:
-            async with self._conn.execute(sql, params or ()) as cur:
+            async with self._conn.execute(query, args) as cur:
                 await cur.fetchall()  # step to completion (RETURNING, triggers)
                 return int(cur.rowcount)
 
         return await self._guarded(sql, run)
 
     async def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
+        query, args = for_sqlite(sql, params)
+
         async def run() -> list[tuple[Any, ...]]:
-            async with self._conn.execute(sql, params or ()) as cur:
+            async with self._conn.execute(query, args) as cur:
                 return [tuple(row) for row in await cur.fetchall()]
 
         return await self._guarded(sql, run)

@@ -20,6 +20,7 @@ from .idempotency import (
     parse_key,
     problem_body,
 )
+from .sockets import tcp_listen_socket
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -39,4 +40,5 @@ __all__ = [
     "idempotency_of",
     "parse_key",
     "problem_body",
+    "tcp_listen_socket",
 ]

@@ -304,10 +304,27 @@ class QueueDepth(BaseModel):
     jobs: int
 
 
+class QueueBacklog(BaseModel):
+    queue: str
+    waiting: int = Field(description="Jobs waiting to run (due or delayed).")
+    running: int = Field(description="Jobs a worker holds right now.")
+    oldest_waiting_s: float | None = Field(
+        description="Age in seconds of the oldest waiting job (since it was enqueued)."
+    )
+    served: bool | None = Field(
+        description="Whether one of the app's consumers serves this queue (false: its jobs "
+        "wait for a worker that may never come); null when the app names no consumers."
+    )
+
+
 class Stats(BaseModel):
     letters: list[LetterCount]
     queue_depth: list[QueueDepth] | None = Field(
         description="Jobs waiting or running per queue; null for partner-scoped tokens."
+    )
+    queues: list[QueueBacklog] | None = Field(
+        description="Each queue with jobs: waiting, running, the oldest waiting job's age and "
+        "whether the app serves it; null for partner-scoped tokens."
     )
 
 

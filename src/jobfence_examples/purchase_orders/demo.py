@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import itertools
 import random
-import socket
 import time
 import uuid
 from collections import Counter
@@ -29,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobfence import RetryPolicy
-from jobfence.http import DEFAULT_LEASE, DEFAULT_WINDOW
+from jobfence.http import DEFAULT_LEASE, DEFAULT_WINDOW, tcp_listen_socket
 
 from .adapter import CallRetry, ErpSettings
 from .erp import ErpProcess, Switches
@@ -142,13 +141,6 @@ def _document(rng: random.Random, op: int, reference: str | None) -> dict[str, A
     }
 
 
-def _free_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
 async def _wait(
     check: Callable[[], Awaitable[Any]], *, timeout: float, what: str, interval: float = 0.1
 ) -> Any:
@@ -222,7 +214,7 @@ class LocalStack:
                 transport=self.scenario.transport,
             )
             await self.service.open(pool_size=self.scenario.worker_concurrency + 8)
-            sock = _free_socket()
+            sock = tcp_listen_socket()  # TCP_NODELAY: no 40 ms per keep-alive answer
             self.api_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
             self.server = uvicorn.Server(
                 uvicorn.Config(

@@ -32,7 +32,6 @@ import random
 import secrets
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from jobfence.http import tcp_listen_socket
 
 from .adapter import ORDERS_PATH, TOKEN_PATH
 
@@ -247,9 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{item.name.replace('_', '-')}", type=type(default), default=default)
     args = parser.parse_args(argv)
     switches = Switches(**{f.name: getattr(args, f.name) for f in fields(Switches)})
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    sock = tcp_listen_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(
         create_erp_app(switches), log_level="warning", access_log=False, lifespan="off"

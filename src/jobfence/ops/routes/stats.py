@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ... import deadletters as service
+from ... import stats as counts
 from ...app import App
 from ...db import Database
 from .. import models
@@ -44,12 +44,18 @@ async def metrics(who: Principal = VIEWER, jf: App = APP) -> Response:
             "them) and cannot be filtered by partner: scrape with an unscoped token; "
             "this token's numbers are at GET /v1/stats",
         )
-    await service.refresh_gauges(jf.db, jf.transport.queue_db)
+    await counts.refresh_gauges(jf.db, jf.transport.queue_db)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/stats", response_model=models.Stats, tags=["dead letters"])
 async def stats(who: Principal = VIEWER, jf: App = APP) -> Any:
-    """Dead letters by queue, category and status; queue depth (unscoped tokens)."""
-    found = await service.stats(jf.db, actor=actor_of(who), queue_db=jf.transport.queue_db)
-    return {"letters": found.letters, "queue_depth": found.queue_depth}
+    """Dead letters by queue, category and status; queue depth and each queue's backlog,
+    marking queues the app does not serve (unscoped tokens)."""
+    found = await counts.stats(
+        jf.db,
+        actor=actor_of(who),
+        queue_db=jf.transport.queue_db,
+        served=jf.consumed_queues,
+    )
+    return {"letters": found.letters, "queue_depth": found.queue_depth, "queues": found.queues}

@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from ... import deadletters as service
 from ... import jobctl
+from ... import stats as counts
 from ..deps import actor_of, jobfence_app
 from .jobs import served
 from .render import chart, page
@@ -39,7 +39,7 @@ async def overview_data(request: Request, user: User) -> dict[str, Any]:
     jf = jobfence_app(request)
     actor = actor_of(user.principal)
     qdb = jf.transport.queue_db
-    found = await service.stats(jf.db, actor=actor, depth=False)  # jobs: list_queues
+    found = await counts.stats(jf.db, actor=actor, jobs=False)  # jobs: list_queues
     letters: dict[str, dict[str, int]] = defaultdict(dict)
     for row in found.letters:
         if row["status"] == "pending_review":

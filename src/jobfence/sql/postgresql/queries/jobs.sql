@@ -109,6 +109,15 @@ WHERE id = %(id)s AND lease_token = %(token)s
 -- name: queue_depth
 SELECT queue, state, count(*) AS jobs FROM core.jobs GROUP BY queue, state ORDER BY queue, state
 
+-- name: queue_backlog
+-- per queue: jobs waiting (due or not) and running, and the age of the oldest waiting job
+SELECT queue,
+       count(*) FILTER (WHERE state = 'available') AS waiting,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       EXTRACT(EPOCH FROM clock_timestamp() - min(enqueued_at) FILTER (WHERE state = 'available'))
+           AS oldest_waiting_s
+FROM core.jobs GROUP BY queue ORDER BY queue
+
 -- name: notify_queues
 SELECT pg_notify('jobfence_jobs', q) FROM unnest(%(queues)s::text[]) AS q
 

@@ -85,3 +85,11 @@ WHERE id = :id AND lease_token = :token
 
 -- name: queue_depth
 SELECT queue, state, count(*) AS jobs FROM core_jobs GROUP BY queue, state ORDER BY queue, state
+
+-- name: queue_backlog
+-- per queue: jobs waiting (due or not) and running, and the age of the oldest waiting job
+SELECT queue,
+       sum(state = 'available') AS waiting,
+       sum(state = 'running') AS running,
+       {NOW} - min(CASE WHEN state = 'available' THEN enqueued_at END) AS oldest_waiting_s
+FROM core_jobs GROUP BY queue ORDER BY queue

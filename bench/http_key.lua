@@ -1,8 +1,10 @@
--- wrk script: POST /requests with a fresh Idempotency-Key per request (unique across wrk's
--- threads) and the partner's token from the environment.
+-- wrk script: POST a small JSON body to the given path with a fresh Idempotency-Key per
+-- request (unique across wrk's threads); BENCH_PATH (default /requests) and, when set, the
+-- partner's token BENCH_PO_TOKEN from the environment.
 local counter = 0
 prefix = ""
 local token = os.getenv("BENCH_PO_TOKEN")
+local path = os.getenv("BENCH_PATH") or "/requests"
 local body = '{"company_id":"C-1","document_type":"PO","currency":"EUR",' ..
              '"lines":[{"item":"bolt","quantity":"10","unit_price":"0.25"}]}'
 
@@ -13,9 +15,12 @@ end
 
 function request()
    counter = counter + 1
-   return wrk.format("POST", "/requests", {
+   local headers = {
       ["Content-Type"] = "application/json",
-      ["Authorization"] = "Bearer " .. token,
       ["Idempotency-Key"] = prefix .. counter,
-   }, body)
+   }
+   if token then
+      headers["Authorization"] = "Bearer " .. token
+   end
+   return wrk.format("POST", path, headers, body)
 end
