@@ -191,3 +191,33 @@ async def test_a_session_expires(pg_database: str) -> None:
 
         await eventually(signed_out, timeout=10, what="the session to expire")
     await app.close()
+
+
+async def test_overview_refreshes_share_recent_counts(pg_database: str) -> None:
+    """The automatic refresh reuses counts made within `reuse` seconds (for every open tab);
+    opening the page counts afresh."""
+    tokens = await make_tokens(pg_database)
+    app = App(pg_database)
+    api = create_app(jobfence_app=app)
+    api.state.ui_refreshes.reuse = 3600.0
+    async with (
+        serve(api) as base,
+        httpx.AsyncClient(base_url=base, headers={"Origin": base}) as client,
+    ):
+        await client.post("/ui/login", data={"token": tokens.viewer})
+        await app.enqueue("mail", {}, job_id="one")
+
+        def waiting(html: str) -> str:
+            found = re.search(r'data-queue="mail">.*?<td class="n">(\d+)</td>', html, re.S)
+            assert found, html[:2000]
+            return found.group(1)
+
+        assert waiting((await client.get("/ui/")).text) == "1"
+        await app.enqueue("mail", {}, job_id="two")
+        panel = await client.get("/ui/overview-panel", headers={"HX-Request": "true"})
+        assert waiting(panel.text) == "1"  # the refresh reused the page's counts
+        assert waiting((await client.get("/ui/")).text) == "2"
+        api.state.ui_refreshes.reuse = 0.0
+        await app.enqueue("mail", {}, job_id="three")
+        assert waiting((await client.get("/ui/overview-panel")).text) == "3"
+    await app.close()

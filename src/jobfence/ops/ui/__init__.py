@@ -47,6 +47,7 @@ def install(
     """Serve the console under ``/ui`` of ``api`` (an app made by
     :func:`jobfence.ops.app.create_app`)."""
     api.state.ui_sessions = Sessions(ttl=session_ttl, idle=min(idle, session_ttl))
+    api.state.ui_refreshes = overview.Refreshes()
     api.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
     for module in (signin, overview, letters, jobs, pages):
         api.include_router(module.router, include_in_schema=False)

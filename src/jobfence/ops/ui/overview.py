@@ -1,8 +1,14 @@
-"""The overview: per queue, what waits, runs, retries and failed; the last hour as a chart."""
+"""The overview: per queue, what waits, runs, retries and failed; the last hour as a chart.
+
+Counting every job costs about half a second per million jobs (docs/benchmarks.md), so the
+automatic refreshes (every 10 s, from every open tab) share one set of counts for
+:attr:`Refreshes.reuse` seconds per partner scope; opening the page always counts afresh."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -26,13 +32,33 @@ async def _per_minute(db: Any, name: str, params: dict[str, Any]) -> dict[int, i
 
 @router.get("/ui/")
 async def overview(request: Request, user: User = SIGNED_IN) -> Response:
-    return page(request, "overview.html", user, **await overview_data(request, user))
+    data = await overview_data(request, user)
+    request.app.state.ui_refreshes.kept[user.principal.partner] = (
+        time.monotonic(),
+        data,
+    )
+    return page(request, "overview.html", user, **data)
+
+
+@dataclass
+class Refreshes:
+    """Overview data recently counted, by partner scope (``app.state.ui_refreshes``)."""
+
+    reuse: float = 5.0
+    kept: dict[str | None, tuple[float, dict[str, Any]]] = field(default_factory=dict)
 
 
 @router.get("/ui/overview-panel")
 async def overview_panel(request: Request, user: User = SIGNED_IN) -> Response:
-    """The overview's content alone (htmx refreshes it every few seconds)."""
-    return page(request, "_overview_panel.html", user, **await overview_data(request, user))
+    """The overview's content alone (htmx refreshes it every 10 s)."""
+    cache: Refreshes = request.app.state.ui_refreshes
+    key = user.principal.partner
+    now = time.monotonic()
+    hit = cache.kept.get(key)
+    if hit is None or now - hit[0] >= cache.reuse:
+        hit = (now, await overview_data(request, user))
+        cache.kept[key] = hit
+    return page(request, "_overview_panel.html", user, **hit[1])
 
 
 async def overview_data(request: Request, user: User) -> dict[str, Any]:
