@@ -42,8 +42,13 @@ class Console:
         )
 
     async def signed_in(self, token: str) -> Page:
-        """A new browser page signed in with ``token`` (showing the overview)."""
+        """A new browser page signed in with ``token`` (showing the overview). Its console
+        errors (a CSP violation, a failed script) are collected in ``page.errors``."""
         page = await (await self.context()).new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.errors = errors  # type: ignore[attr-defined]
         await page.goto("/ui/")
         await page.fill("input[name=token]", token)
         await page.click("button[type=submit]")

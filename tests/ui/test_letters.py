@@ -98,6 +98,7 @@ async def test_filter_dead_letters(console: Console) -> None:
     await page.click("form.filters button[type=submit]")
     await expect(page.locator("#letters tbody tr")).to_have_count(1)
     await console.shot(page, "dead-letters-filtered")
+    assert page.errors == []  # type: ignore[attr-defined]  # no CSP violation, no script error
 
 
 async def test_replay_one_letter(console: Console) -> None:

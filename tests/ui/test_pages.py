@@ -41,6 +41,7 @@ async def test_overview_counts_and_the_last_hour(console: Console) -> None:
     assert await page.locator("svg.chart rect.done").count() == 30
     assert await page.locator("svg.chart rect.fail").count() >= 1
     await console.shot(page, "overview")
+    assert page.errors == []  # type: ignore[attr-defined]
 
 
 async def test_audit_log_filters(console: Console) -> None:
@@ -110,6 +111,7 @@ async def test_swagger_ui_behind_the_sign_in(console: Console) -> None:
     await expect(page.locator(".swagger-ui .title")).to_contain_text("jobfence ops API")
     await expect(page.locator(".swagger-ui")).to_contain_text("/v1/dead-letters")
     await console.shot(page, "api")
+    assert [e for e in page.errors if "Content Security Policy" in e] == []  # type: ignore[attr-defined]
 
 
 async def test_dead_letter_pages_follow_the_keyset(console: Console) -> None:
