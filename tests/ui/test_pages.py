@@ -5,6 +5,7 @@ the sign-in, keyset pages; and the same pages served over SQLite (no browser nee
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import httpx
 from playwright.async_api import expect
@@ -223,3 +224,23 @@ async def test_overview_refreshes_share_recent_counts(pg_database: str) -> None:
         await app.enqueue("mail", {}, job_id="three")
         assert waiting((await client.get("/ui/overview-panel")).text) == "3"
     await app.close()
+
+
+async def test_jobs_nobody_serves_are_counted(console: Console) -> None:
+    """With the app's consumers known (ops serve --app), jobs in a queue none of them takes
+    are counted on the overview and the queue is marked on the queues page."""
+
+    async def mail(job: Any, tx: Any) -> None:
+        return None
+
+    console.app.consumer("mail")(mail)
+    await console.app.enqueue("mail", {}, job_id="served-1")
+    await console.app.enqueue("typo.queue", {}, job_id="lost-1")
+    await console.app.enqueue("typo.queue", {}, job_id="lost-2")
+    page = await console.signed_in(console.tokens.viewer)
+    await expect(page.locator(".flash.warn")).to_contain_text(
+        "2 jobs wait in queues that no consumer of this app serves"
+    )
+    await page.goto("/ui/queues")
+    await expect(page.locator("tr[data-queue='typo.queue']")).to_contain_text("unserved")
+    await expect(page.locator("tr[data-queue=mail]")).not_to_contain_text("unserved")
