@@ -98,7 +98,13 @@ async def test_filter_dead_letters(console: Console) -> None:
     await page.click("form.filters button[type=submit]")
     await expect(page.locator("#letters tbody tr")).to_have_count(1)
     await console.shot(page, "dead-letters-filtered")
-    assert page.errors == []  # type: ignore[attr-defined]  # no CSP violation, no script error
+    await page.fill("input[name=since]", "2030-01-02T00:00")
+    await page.fill("input[name=until]", "2030-01-01T00:00")
+    await page.click("form.filters button[type=submit]")  # refused: shown in place (422)
+    await expect(page.locator("#results .flash.error")).to_contain_text("since must be before")
+    await expect(page.locator("#letters")).to_have_count(0)
+    errors = [e for e in page.errors if "422" not in e]  # type: ignore[attr-defined]
+    assert errors == []  # no CSP violation, no script error
 
 
 async def test_replay_one_letter(console: Console) -> None:
