@@ -40,6 +40,7 @@ DURATION_FLAGS = {
     ("relay", "--poll-interval"),
     ("relay", "--retention"),
     ("outbox cleanup", "--retention"),
+    ("ops serve", "--session-ttl"),
 }
 #: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
 #: and the demo, which runs on a temporary database of its own

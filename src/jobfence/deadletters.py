@@ -23,9 +23,7 @@ open transaction, before it commits: if the publish fails the letter stays pendi
 commit fails after a successful publish the letter stays pending too and a later replay
 publishes the job again — a duplicate delivery that the fence absorbs. A replay is never lost.
 A letter whose job_id is already fenced for its consumer is marked replayed without
-republishing (``already_applied``): its effect exists.
-
-**Bulk replay** is :mod:`jobfence.replays`; the record itself is :mod:`jobfence.letters`.
+republishing (``already_applied``): its effect exists. Bulk replay: :mod:`jobfence.replays`.
 """
 
 from __future__ import annotations
@@ -388,17 +386,27 @@ async def audit(
     dead_letter_id: int | None = None,
     replay_id: int | None = None,
     by: str | None = None,
+    action: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
     before: int | None = None,
     limit: int = 50,
 ) -> Page[AuditEntry]:
-    """The audit log (newest first), within the actor's scope."""
+    """The audit log (newest first) in the actor's scope, by letter, replay, actor (``by``),
+    ``action`` (``dead_letter.``: every action under that prefix) and time (since ≤ at < until)."""
+    since, until = Filter(since=since, until=until).check().since, _aware(until)
+    prefix = _like(action)[1:] if action is not None and action.endswith(".") else None
     rows = await db.run(
-        "audit_list",
+        "audit_search",
         {
             "partner": actor.partner,
             "dead_letter_id": _id(dead_letter_id, "dead_letter_id"),
             "replay_id": _id(replay_id, "replay_id"),
             "actor": by,
+            "action": action,
+            "action_prefix": prefix,
+            "since": db.at(since),
+            "until": db.at(until),
             "before": _id(before, "before (the cursor)", low=0),
             "limit": _limit(limit),
         },

@@ -159,10 +159,13 @@ class EventSummary:
     published_at: datetime | None
     payload_size: int
     history: list[dict[str, Any]] = field(default_factory=list)
+    id: int = 0  # the row id: the cursor of the next page of list_events (not in to_json)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
         for name in self.__dataclass_fields__:
+            if name == "id":
+                continue
             value = getattr(self, name)
             data[name] = value.isoformat() if isinstance(value, datetime) else value
         return data
@@ -185,16 +188,25 @@ def _summary(row: Mapping[str, Any]) -> EventSummary:
         published_at=to_datetime(row["published_at"]),
         payload_size=int(row["payload_size"]),
         history=list(history or []),
+        id=int(row["id"]),
     )
 
 
 async def list_events(
-    db: Database, *, state: str | None = None, queue: str | None = None, limit: int = 50
+    db: Database,
+    *,
+    state: str | None = None,
+    queue: str | None = None,
+    limit: int = 50,
+    before: int | None = None,
 ) -> list[EventSummary]:
-    """Events newest first, optionally of one state and queue (no payloads)."""
+    """Events newest first, optionally of one state and queue (no payloads); ``before``: the
+    ``id`` of the previous page's last event (keyset pagination)."""
     if state is not None and state not in STATES:
         raise ConfigurationError(f"unknown outbox state {state!r}; one of {', '.join(STATES)}")
-    rows = await db.run("outbox_list", {"state": state, "queue": queue, "limit": limit})
+    rows = await db.run(
+        "outbox_list", {"state": state, "queue": queue, "limit": limit, "before": before}
+    )
     return [_summary(row) for row in rows]
 
 

@@ -33,13 +33,15 @@ async def stats(
     actor: Actor,
     queue_db: Database | None = None,
     served: Collection[str] = (),
+    jobs: bool = True,
 ) -> Stats:
     """Letters by queue, category and status; for unscoped callers the queue depth, and each
     queue's backlog, marked by whether a queue in ``served`` (the app's consumers' queues;
-    empty: not known) covers it, so a queue nobody consumes shows."""
+    empty: not known) covers it, so a queue nobody consumes shows. ``jobs=False``: the letters
+    only (the console counts jobs with :func:`jobfence.jobctl.list_queues`)."""
     rows = await db.run("dl_stats", {"partner": actor.partner})
     letters = [{**r, "letters": int(r["letters"])} for r in rows]
-    if actor.partner is not None:
+    if actor.partner is not None or not jobs:
         return Stats(letters)
     source = queue_db or db
     depth = await source.run("queue_depth")

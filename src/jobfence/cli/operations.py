@@ -163,6 +163,16 @@ def _needs_ops(*modules: str) -> None:
     show_default=True,
     help="Largest request body in bytes; larger → 413.",
 )
+@click.option(
+    "--session-ttl",
+    type=POSITIVE,
+    envvar="JOBFENCE_OPS_SESSION_TTL",
+    show_envvar=True,
+    default="8h",
+    show_default=True,
+    help="How long a console sign-in lasts at most (it also ends after 1h idle, at "
+    "sign-out, and when its token is revoked or expires).",
+)
 @log_options
 def ops_serve(
     database_url: str | None,
@@ -170,10 +180,12 @@ def ops_serve(
     host: str,
     port: int,
     max_body: int,
+    session_ttl: timedelta,
     log_level: str,
     log_format: str,
 ) -> None:
-    """Serve the ops HTTP API (OpenAPI at /openapi.json, with a token)."""
+    """Serve the ops HTTP API (OpenAPI at /openapi.json, with a token) and the operators'
+    console (open /ui/ in a browser and sign in with a token)."""
     _needs_ops("uvicorn")
     import uvicorn
 
@@ -189,7 +201,9 @@ def ops_serve(
         # a JobfenceError (one line from main()), not a failed lifespan's traceback.
         # The lifespan closes it at shutdown (uvicorn re-raises SIGTERM after that).
         async with _opened(database_url, transport) as app:
-            api = create_app(max_body=max_body, jobfence_app=app, close_app=True)
+            api = create_app(
+                max_body=max_body, jobfence_app=app, close_app=True, session_ttl=session_ttl
+            )
             server = uvicorn.Server(
                 uvicorn.Config(
                     api,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,11 +40,15 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
     jobfence_app: App | None = None,
     close_app: bool | None = None,
+    console: bool = True,
+    session_ttl: timedelta | None = None,
 ) -> FastAPI:
     """The ops API over the jobfence database at ``database_url`` (replays republish to
     ``transport``, by default the database queue). Pass ``jobfence_app`` to reuse an app
     (opened already, so that start-up failures surface before the server starts); the
-    lifespan closes it at shutdown only with ``close_app=True`` (default: only its own)."""
+    lifespan closes it at shutdown only with ``close_app=True`` (default: only its own).
+    ``console``: also serve the operators' console under ``/ui`` (:mod:`jobfence.ops.ui`),
+    whose sign-in sessions last ``session_ttl`` at most (default 8 hours; 1 hour idle)."""
     closes = jobfence_app is None if close_app is None else close_app
     ops = OpsState(
         jobfence_app or App(database_url, transport=transport), f"ops:{default_holder()}"
@@ -96,4 +101,9 @@ def create_app(
     api.include_router(replays.router)
     api.include_router(audit.router)
     api.include_router(outbox.router(), prefix="/v1")  # outbox listing and re-drive
+    if console:
+        from .ui import install
+
+        # the operators' console under /ui (after the handlers it wraps)
+        install(api, **({"session_ttl": session_ttl} if session_ttl is not None else {}))
     return api

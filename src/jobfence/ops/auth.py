@@ -72,7 +72,13 @@ async def authenticate(db: Database, token: str) -> Principal | None:
     """The principal of a plain token, or None when it is unknown, revoked or expired."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
-    rows = await db.run("ops_token_lookup", {"hash": hash_token(token)})
+    return await authenticate_hash(db, hash_token(token))
+
+
+async def authenticate_hash(db: Database, token_hash: str) -> Principal | None:
+    """The principal of a token by its hash (what a console session keeps), or None when it
+    is unknown, revoked or expired: a session ends when its token does."""
+    rows = await db.run("ops_token_lookup", {"hash": token_hash})
     if not rows or rows[0]["expired"]:
         return None
     row = rows[0]

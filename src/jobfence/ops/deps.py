@@ -4,16 +4,21 @@ the caller's principal as a service Actor, and the common parameters and error r
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, Path, Request
 
 from .. import deadletters as service
+from .. import replays
 from ..app import App
 from ..db import Database
+from ..errors import ReviewConflict
 from . import models
 from .auth import Principal, require
+
+log = logging.getLogger("jobfence.ops")
 
 MAX_ID = service.MAX_ID  # ids and cursors are bigint (PostgreSQL) / INTEGER (SQLite)
 
@@ -28,6 +33,48 @@ class OpsState:
     jobfence: App
     runner: str
     runs: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
+
+    async def launch_replay(
+        self,
+        replay_id: int,
+        *,
+        actor: service.Actor,
+        expected_total: int,
+        rate: float | None = None,
+        reason: str | None = None,
+    ) -> replays.ReplayStatus:
+        """Confirm a previewed bulk replay and run it in the background of this server (the
+        ops API's ``POST /v1/replays/{id}/run`` and the console's confirmation); also
+        resumes a stopped one. Follow it with :func:`jobfence.replays.replay_status`."""
+        running = self.runs.get(replay_id)
+        if running is not None and not running.done():
+            raise ReviewConflict(f"replay {replay_id} is already running in this server")
+        why = replays.check_reason(reason)  # refused before the replay is started
+        jf, runner, runs = self.jobfence, self.runner, self.runs
+        status = await replays.start_replay(
+            jf.db, replay_id, actor=actor, expected_total=expected_total, runner=runner
+        )
+
+        async def work() -> None:
+            try:
+                await replays.execute_replay(
+                    jf.db,
+                    jf.transport,
+                    replay_id,
+                    actor=actor,
+                    runner=runner,
+                    rate=rate,
+                    reason=why,
+                )
+            except Exception:
+                log.exception(
+                    "bulk replay stopped; run it again to resume", extra={"replay": replay_id}
+                )
+            finally:
+                runs.pop(replay_id, None)
+
+        runs[replay_id] = asyncio.create_task(work(), name=f"jobfence-replay-{replay_id}")
+        return status
 
 
 def ops_state(request: Request) -> OpsState:

@@ -3,8 +3,6 @@ follow its progress and per-item report."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -12,7 +10,6 @@ from fastapi import APIRouter, Query, Request
 from ... import deadletters as service
 from ... import replays
 from ...db import Database
-from ...errors import ReviewConflict
 from .. import models
 from ..auth import Principal
 from ..deps import (
@@ -28,8 +25,6 @@ from ..deps import (
     OpsState,
     actor_of,
 )
-
-log = logging.getLogger("jobfence.ops")
 
 router = APIRouter(tags=["bulk replay"])
 
@@ -62,35 +57,13 @@ async def run_replay(
 ) -> Any:
     """Confirm (expected_total = the preview's total) and run a bulk replay in the
     background; follow it at GET /v1/replays/{id}. Also resumes a stopped one."""
-    actor = actor_of(who)
-    jf, runner, runs = ops.jobfence, ops.runner, ops.runs
-    running = runs.get(replay_id)
-    if running is not None and not running.done():
-        raise ReviewConflict(f"replay {replay_id} is already running in this server")
-    why = replays.check_reason(body.reason)  # refused before the replay is started
-    status = await replays.start_replay(
-        jf.db, replay_id, actor=actor, expected_total=body.expected_total, runner=runner
+    status = await ops.launch_replay(
+        replay_id,
+        actor=actor_of(who),
+        expected_total=body.expected_total,
+        rate=body.rate,
+        reason=body.reason,
     )
-
-    async def work() -> None:
-        try:
-            await replays.execute_replay(
-                jf.db,
-                jf.transport,
-                replay_id,
-                actor=actor,
-                runner=runner,
-                rate=body.rate,
-                reason=why,
-            )
-        except Exception:
-            log.exception(
-                "bulk replay stopped; run it again to resume", extra={"replay": replay_id}
-            )
-        finally:
-            runs.pop(replay_id, None)
-
-    runs[replay_id] = asyncio.create_task(work(), name=f"jobfence-replay-{replay_id}")
     return models.Replay.of(status)
 
 

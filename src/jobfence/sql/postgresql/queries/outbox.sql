@@ -107,6 +107,7 @@ SELECT id, event_id, queue, ordering_key, correlation_id, state, attempts, next_
 FROM core.outbox
 WHERE (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
 ORDER BY id DESC
 LIMIT %(limit)s
 

@@ -88,6 +88,7 @@ SELECT id, event_id, queue, ordering_key, correlation_id, state, attempts, next_
 FROM core_outbox
 WHERE (:state IS NULL OR state = :state)
   AND (:queue IS NULL OR queue = :queue)
+  AND (:before IS NULL OR id < :before)
 ORDER BY id DESC
 LIMIT :limit
 
