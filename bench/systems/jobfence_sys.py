@@ -218,13 +218,16 @@ async def outbox_relay(url: str, n: int, batch: int) -> None:
         async with app.db.transaction() as tx:
             for i in range(n):
                 await outbox.write(tx, QUEUE, {"n": i}, event_id=f"event-{i}")
+        async with app.db.transaction() as tx:  # fresh statistics, as autovacuum keeps them
+            await tx.execute("ANALYZE core.outbox")
         relay = Relay(app, batch_size=batch)
         t0 = time.perf_counter()
         relay.start()
-        while (await outbox.counts(app.db))[outbox.PUBLISHED] < n:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)  # the database says when they are all published
+        while relay.stats.published < n:  # noqa: ASYNC110
+            await asyncio.sleep(0.002)  # in-process: no query competes with the relay
         relay_s = time.perf_counter() - t0
         await relay.stop()
+        assert (await outbox.counts(app.db))[outbox.PUBLISHED] == n  # the database agrees
         assert await _count(app, "SELECT count(*) FROM core.jobs") == n
         say(relay=n / relay_s, enqueue=await _enqueue_baseline(app, n))
 

@@ -4,7 +4,12 @@ A relay *claims* a batch (a lease, ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so 
 share the work), publishes it with ``job_id = event_id``, then marks it published; after five
 failed attempts an event is ``PUBLISH_FAILED_RETRY`` until an operator re-drives it
 (:func:`jobfence.outbox.redrive`). Relays wake on PostgreSQL ``LISTEN/NOTIFY`` and poll as a
-fallback (SQLite always polls). See :mod:`jobfence.outbox` for the states.
+fallback (SQLite always polls). An idle relay registers in ``core.outbox_waiters`` before it
+waits: writers notify only while one waits, because a NOTIFY serialises committing writers.
+
+When the app's queue is the job table of the same PostgreSQL database, a round is one
+statement in one transaction: claim, queue as jobs, mark published (an event is queued exactly
+once). See :mod:`jobfence.outbox` for the states.
 """
 
 from __future__ import annotations
@@ -84,7 +89,9 @@ class RelayObserver:
 
     async def published(self, events: Sequence[OutboxEvent]) -> None:
         """The transport accepted ``events``; they are not marked published yet (a crash now
-        means they are published again, and the consumer's fence absorbs it)."""
+        means they are published again, and the consumer's fence absorbs it). On the
+        database queue of the same database (:attr:`Relay.direct`) they are queued and
+        marked in one transaction, and this runs after its commit."""
 
     def publish_failed(self, event: OutboxEvent, error: str, gave_up: bool) -> None:
         """One attempt failed; ``gave_up`` when the event is now PUBLISH_FAILED_RETRY."""
@@ -111,6 +118,11 @@ class Relay:
     ``on_published(tx, events)`` runs in the transaction that marks events published (e.g. to
     move a domain row to PUBLISHED); if it raises, the mark rolls back and the events are
     published again after their claim expires.
+
+    ``one_transaction`` (default: whenever possible): when the app's queue is the job table of
+    the outbox's own PostgreSQL database, each round claims, queues and marks its events in
+    one statement and one transaction, so an event is queued exactly once; ``False`` keeps
+    the publish-then-mark rounds that other queues need.
     """
 
     def __init__(
@@ -127,6 +139,7 @@ class Relay:
         on_published: OnPublished | None = None,
         observers: Sequence[RelayObserver] = (),
         relay_id: str | None = None,
+        one_transaction: bool | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigurationError("the relay's batch_size must be at least 1")
@@ -152,13 +165,35 @@ class Relay:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[RelayStats] | None = None
+        self._waiting = False  # registered in core.outbox_waiters
+        self._one_transaction = one_transaction
+
+    @property
+    def direct(self) -> bool:
+        """Whether a round is one statement (claim, queue as jobs, mark published): the
+        app's queue is the job table of this same PostgreSQL database (unless
+        ``one_transaction=False`` asks for the publish-then-mark rounds of other queues)."""
+        transport = self.app.transport
+        possible = (
+            self.db.dialect == "postgresql"
+            and transport.shares_database
+            and transport.queue_db is self.db
+        )
+        if self._one_transaction and not possible:
+            raise ConfigurationError(
+                "one_transaction=True needs the app's queue to be the job table of the same "
+                "PostgreSQL database as its outbox"
+            )
+        return possible and self._one_transaction is not False
 
     @property
     def poll_interval(self) -> float:
         if self._poll_interval is not None:
             return self._poll_interval
-        # PostgreSQL relays are woken by NOTIFY; polling is only the fallback
-        return 5.0 if self.app.url.dialect == "postgresql" else 0.2
+        # PostgreSQL relays are woken by NOTIFY; polling is only the fallback (for an event
+        # whose writer checked for waiting relays before this one registered and committed
+        # after it looked)
+        return 1.0 if self.app.url.dialect == "postgresql" else 0.2
 
     @property
     def db(self) -> Database:
@@ -220,9 +255,19 @@ class Relay:
                 if claimed:
                     # progress: more may be ready (a full batch, or the next event of a key
                     # whose head just went out)
+                    if self._waiting:
+                        await self._stop_waiting()
                     continue
-                await self._sleep(await self.idle_wait())
+                wait = await self.idle_wait()
+                # registered, look again: for events committed before writers could see it wait
+                waiting = listener is not None and await self._start_waiting(wait)
+                if waiting and await self.run_once():
+                    await self._stop_waiting()
+                    continue
+                await self._sleep(wait)
         finally:
+            if self._waiting and self.app.is_open:
+                await self._stop_waiting()
             if listener is not None:
                 listener.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -234,6 +279,29 @@ class Relay:
                 "relay stopped", extra={"relay": self.relay_id, "published": self.stats.published}
             )
         return self.stats
+
+    async def _start_waiting(self, seconds: float) -> bool:
+        """Register as waiting (writers notify until ``seconds`` from now, plus a margin)."""
+        try:
+            await self.db.run(
+                "outbox_wait_register", {"relay_id": self.relay_id, "seconds": seconds + 1.0}
+            )
+        except Exception:
+            log.exception("could not register as a waiting relay; polling meanwhile")
+            return False
+        self._waiting = True
+        try:
+            await self.db.run("outbox_wait_writers", {"ms": f"{max(1, int(seconds * 1000))}ms"})
+        except Exception as exc:  # a writer's transaction outlived the wait: poll as usual
+            log.debug("waiting for outbox writers: %s", exc)
+        return True
+
+    async def _stop_waiting(self) -> None:
+        self._waiting = False
+        try:
+            await self.db.run("outbox_wait_done", {"relay_id": self.relay_id})
+        except Exception:
+            log.exception("could not unregister a waiting relay (its row expires)")
 
     async def _listen(self) -> None:
         async for _ in self.db.wakeups(CHANNEL):
@@ -260,6 +328,11 @@ class Relay:
 
     async def run_once(self) -> int:
         """One round: claim a batch, publish it, mark it. Returns the number claimed."""
+        if self.direct:
+            try:
+                return await self._run_direct()
+            except Exception:
+                log.exception("relaying in one transaction failed; publishing this round apart")
         rows = await self.db.run(
             "outbox_claim",
             {
@@ -290,6 +363,53 @@ class Relay:
         groups = ([fresh] if fresh else []) + [[e] for e in events if e.attempts > 1]
         for group in groups:
             await self._publish(group)
+        return len(events)
+
+    async def _run_direct(self) -> int:
+        """Claim, queue as jobs and mark published in one statement and one transaction;
+        ``on_published`` runs in that transaction, observers after the commit.
+
+        The commit does not wait for its WAL flush (``synchronous_commit = off``): the events
+        are durable already (their writers committed them), and this transaction is all or
+        nothing — lost in a crash, the jobs and the marks go together and the events are
+        relayed again. A job it queued is durably gone only after a worker's commit, which
+        flushes the WAL up to it first."""
+        async with self.db.transaction() as tx:
+            await tx.execute("SET LOCAL synchronous_commit = off")
+            rows = await tx.q(
+                "outbox_relay_to_jobs",
+                {
+                    "limit": self.batch_size,
+                    "relay_id": self.relay_id,
+                    "with_payload": self.on_published is not None or bool(self.observers),
+                },
+            )
+            events = [
+                OutboxEvent(
+                    id=int(row["id"]),
+                    event_id=row["event_id"],
+                    queue=row["queue"],
+                    ordering_key=row["ordering_key"],
+                    correlation_id=row["correlation_id"],
+                    payload=bytes(row["payload"] or b""),
+                    attempts=int(row["attempts"]),
+                )
+                for row in rows
+            ]
+            if events and self.on_published is not None:
+                await self.on_published(tx, events)
+        self.stats.rounds += 1
+        if not events:
+            return 0
+        self.app.transport.wake()
+        for observer in self.observers:
+            try:
+                await observer.published(events)
+            except Exception:
+                log.exception("relay observer %s failed", type(observer).__name__)
+        for event in events:
+            PUBLISHED_EVENTS.labels(event.queue).inc()
+        self.stats.published += len(events)
         return len(events)
 
     async def _publish(self, group: list[OutboxEvent]) -> None:

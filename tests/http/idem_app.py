@@ -47,6 +47,7 @@ def make_app(
     lease: timedelta = timedelta(seconds=60),
     window: timedelta = timedelta(hours=24),
     pause: float = 0.05,
+    one_transaction: bool = False,
 ) -> FastAPI:
     url = parse_database_url(database_url)
     state: dict[str, Any] = {"flaky": 0}
@@ -75,6 +76,7 @@ def make_app(
         partner=_partner,
         lease=lease,
         window=window,
+        one_transaction=one_transaction,
     )
 
     @api.post("/orders")
@@ -88,12 +90,17 @@ def make_app(
         await asyncio.sleep(pause)
         context = idempotency_of(request)
         p = "%s" if url.dialect == "postgresql" else "?"
-        async with db().transaction() as tx:
-            row = await tx.fetchone(
-                f"INSERT INTO orders (partner, idem_key, body) VALUES ({p}, {p}, {p}) RETURNING id",
-                (partner, context.key if context else None, json.dumps(body, sort_keys=True)),
-            )
+        params = (partner, context.key if context else None, json.dumps(body, sort_keys=True))
+        sql = f"INSERT INTO orders (partner, idem_key, body) VALUES ({p}, {p}, {p}) RETURNING id"
+        if context is not None and context.transaction is not None:
+            # one_transaction: the order commits with the key and the stored response
+            row = await context.transaction.fetchone(sql, params)
+        else:
+            async with db().transaction() as tx:
+                row = await tx.fetchone(sql, params)
         assert row is not None
+        if request.headers.get("x-test-fail-after-write"):
+            return JSONResponse({"detail": "failed after writing"}, status_code=500)
         return JSONResponse(
             {"order_id": row[0], "partner": partner, "echo": body},
             status_code=201,

@@ -181,6 +181,7 @@ RELAY_SCRIPT = textwrap.dedent(
             lease=timedelta(seconds=2),
             publish_timeout=timedelta(seconds=1),
             observers=[HoldAfterPublish()],
+            one_transaction=sys.argv[3] == "1",
         )
         await relay.run()
 
@@ -213,7 +214,7 @@ async def test_relay_killed_after_publish_before_mark_is_absorbed_by_the_fence(
             await outbox.write(
                 tx, "points.credit", {"member": "m-7", "points": 70}, event_id="evt-kill"
             )
-        proc = _spawn([sys.executable, str(script), pg_database, str(marker)])
+        proc = _spawn([sys.executable, str(script), pg_database, str(marker), "0"])
         try:
             await eventually(marker.exists, timeout=30, what="the relay to publish")
             assert marker.read_text() == "evt-kill"
@@ -247,6 +248,40 @@ async def test_relay_killed_after_publish_before_mark_is_absorbed_by_the_fence(
     assert await query(pg_database, "SELECT job_id, points FROM ledger") == [("evt-kill", 70)]
     assert event is not None
     assert (event.state, event.attempts) == ("PUBLISHED", 2)
+
+
+async def test_relay_in_one_transaction_killed_after_its_commit_queued_the_event_once(
+    pg_database: str, tmp_path: Path
+) -> None:
+    """On the database queue of the same database a round claims, queues and marks in one
+    transaction: a relay SIGKILLed after it (in its observer) leaves the event queued once
+    and PUBLISHED, and another relay has nothing to publish again."""
+    app = App(pg_database)
+    script = tmp_path / "relay.py"
+    script.write_text(RELAY_SCRIPT)
+    marker = tmp_path / "published"
+    async with app:
+        async with app.db.transaction() as tx:
+            await outbox.write(tx, "q", {"n": 1}, event_id="evt-once")
+        proc = _spawn([sys.executable, str(script), pg_database, str(marker), "1"])
+        try:
+            await eventually(marker.exists, timeout=30, what="the relay to publish")
+            os.kill(proc.pid, signal.SIGKILL)
+            assert await asyncio.to_thread(proc.wait, 10) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        second = Relay(app, poll_interval=0.1)
+        assert second.direct
+        second.start()
+        await eventually(lambda: second.stats.rounds >= 2, what="the second relay's rounds")
+        await second.stop()
+        event = await outbox.get_event(app.db, "evt-once")
+    assert second.stats.published == 0
+    assert await query(pg_database, "SELECT job_id FROM core.jobs") == [("evt-once",)]
+    assert event is not None
+    assert (event.state, event.attempts) == ("PUBLISHED", 1)
 
 
 def _admin(sql: str) -> None:

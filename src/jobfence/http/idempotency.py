@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..config import parse_database_url
-from ..db import Database, connect, to_datetime
+from ..db import Database, Tx, connect, to_datetime
 from ..errors import ConfigurationError, extra_needed
 
 with extra_needed("ops", "jobfence.http (the idempotency middleware)"):
@@ -107,6 +107,9 @@ class IdempotencyContext:
     key: str
     fingerprint: str
     expires_at: datetime | None
+    #: with ``IdempotencyMiddleware(one_transaction=True)``: the transaction that claimed the
+    #: key and will store the response; the app writes in it, and it commits once.
+    transaction: Tx | None = None
 
 
 class KeyProblem(Exception):
@@ -209,20 +212,24 @@ class IdempotencyStore:
         return bool(rows)
 
     async def complete(
-        self, partner_id: str, key: str, token: str, response: StoredResponse
+        self,
+        partner_id: str,
+        key: str,
+        token: str,
+        response: StoredResponse,
+        tx: Tx | None = None,
     ) -> bool:
-        rows = await self.db.run(
-            "idempotency_complete",
-            {
-                "partner_id": partner_id,
-                "key": key,
-                "token": token,
-                "status_code": response.status,
-                "headers": json.dumps([list(h) for h in response.headers]),
-                "body": response.body,
-            },
-        )
-        return bool(rows)
+        params = {
+            "partner_id": partner_id,
+            "key": key,
+            "token": token,
+            "status_code": response.status,
+            "headers": json.dumps([list(h) for h in response.headers]),
+            "body": response.body,
+        }
+        if tx is not None:
+            return bool(await tx.q("idempotency_complete", params))
+        return bool(await self.db.run("idempotency_complete", params))
 
     async def release(self, partner_id: str, key: str, token: str) -> None:
         await self.db.run(
@@ -255,6 +262,15 @@ class _Disconnected(Exception):
     pass
 
 
+class _NotClaimed(Exception):
+    pass
+
+
+class _RollBack(Exception):
+    def __init__(self, response: StoredResponse) -> None:
+        self.response = response
+
+
 class IdempotencyMiddleware:
     """ASGI middleware enforcing idempotency keys on matched requests.
 
@@ -269,6 +285,15 @@ class IdempotencyMiddleware:
     key lives in one shared scope.
 
     ``match(method, path)`` picks the requests that need a key (default: every POST).
+
+    ``one_transaction=True``: the key is claimed in a transaction that the app gets at
+    ``idempotency_of(request).transaction`` for its own writes, and the response is stored
+    in it; one commit for the whole request (``BEGIN`` and the claim go in one round trip).
+    A 5xx answer or an exception rolls everything back, the app's writes included. A second
+    request with the same key waits for the first one's commit (the key's row is locked)
+    and then gets its stored response, instead of ``409 IDEMPOTENCY_KEY_IN_FLIGHT``; no
+    lease is renewed (a server that dies aborts the transaction, which frees the key).
+    Keep such handlers short: the transaction holds a pooled connection while they run.
     """
 
     def __init__(
@@ -282,6 +307,7 @@ class IdempotencyMiddleware:
         lease: timedelta = DEFAULT_LEASE,
         max_body: int = DEFAULT_MAX_BODY,
         cleanup_interval: timedelta = timedelta(minutes=5),
+        one_transaction: bool = False,
     ) -> None:
         if window <= timedelta(0) or lease <= timedelta(0):
             raise ConfigurationError("the idempotency window and lease must be positive")
@@ -299,6 +325,7 @@ class IdempotencyMiddleware:
         self.lease = lease
         self.max_body = max_body
         self.cleanup_interval = cleanup_interval
+        self.one_transaction = one_transaction
         self._next_cleanup = 0.0
         self._background: set[asyncio.Task[Any]] = set()
         if isinstance(database, str):
@@ -367,14 +394,20 @@ class IdempotencyMiddleware:
         self._maybe_cleanup(db)
         store = IdempotencyStore(db)
         for _ in range(5):
-            claimed = await store.claim(
-                partner_id, key, fingerprint, lease=self.lease, window=self.window
-            )
-            if claimed is not None:
-                token, expires_at = claimed
-                context = IdempotencyContext(partner_id, key, fingerprint, expires_at)
-                await self._run(scope, body, send, store, context, token)
-                return
+            if self.one_transaction:
+                if await self._run_in_transaction(
+                    scope, body, send, store, partner_id, key, fingerprint
+                ):
+                    return
+            else:
+                claimed = await store.claim(
+                    partner_id, key, fingerprint, lease=self.lease, window=self.window
+                )
+                if claimed is not None:
+                    token, expires_at = claimed
+                    context = IdempotencyContext(partner_id, key, fingerprint, expires_at)
+                    await self._run(scope, body, send, store, context, token)
+                    return
             row = await store.get(partner_id, key)
             if row is None or row["expired"]:
                 continue  # deleted or expired in between: claim again
@@ -429,15 +462,10 @@ class IdempotencyMiddleware:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _run(
-        self,
-        scope: Scope,
-        body: bytes,
-        send: Send,
-        store: IdempotencyStore,
-        context: IdempotencyContext,
-        token: str,
-    ) -> None:
+    async def _call(
+        self, scope: Scope, body: bytes, context: IdempotencyContext
+    ) -> tuple[StoredResponse, list[tuple[bytes, bytes]]]:
+        """Run the app with the buffered body; its response (what is stored) and raw headers."""
         scope = dict(scope)
         state = dict(scope.get("state") or {})
         state["idempotency"] = context
@@ -462,23 +490,12 @@ class IdempotencyMiddleware:
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
 
-        heartbeat = asyncio.create_task(self._heartbeat(store, context, token))
-        try:
-            await self.app(scope, receive, capture)
-        except BaseException:
-            heartbeat.cancel()
-            await asyncio.shield(self._release(store, context, token))
-            raise
-        heartbeat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await heartbeat
+        await self.app(scope, receive, capture)
         if start is None:
-            await self._release(store, context, token)
             raise RuntimeError("the app returned without sending a response")
-        status = int(start["status"])
         raw_headers: list[tuple[bytes, bytes]] = list(start.get("headers", []))
         response = StoredResponse(
-            status=status,
+            status=int(start["status"]),
             headers=[
                 (n.decode("latin-1"), v.decode("latin-1"))
                 for n, v in raw_headers
@@ -486,7 +503,67 @@ class IdempotencyMiddleware:
             ],
             body=b"".join(chunks),
         )
-        if status >= 500:
+        return response, raw_headers
+
+    async def _run_in_transaction(
+        self,
+        scope: Scope,
+        body: bytes,
+        send: Send,
+        store: IdempotencyStore,
+        partner_id: str,
+        key: str,
+        fingerprint: str,
+    ) -> bool:
+        """``one_transaction``: claim, the app's writes and the stored response in one
+        transaction. False when the key was not claimed (the caller looks at it)."""
+        params = {
+            "partner_id": partner_id,
+            "key": key,
+            "fingerprint": fingerprint,
+            "lease": self.lease.total_seconds(),
+            "window": self.window.total_seconds(),
+        }
+        try:
+            async with store.db.work(["idempotency_claim"], params) as (tx, results):
+                if not results[0]:
+                    raise _NotClaimed
+                claim = results[0][0]
+                token = str(claim["lease_token"])
+                context = IdempotencyContext(
+                    partner_id, key, fingerprint, to_datetime(claim["expires_at"]), tx
+                )
+                response, raw_headers = await self._call(scope, body, context)
+                if response.status >= 500:
+                    raise _RollBack(response)
+                await store.complete(partner_id, key, token, response, tx)
+        except _NotClaimed:
+            return False
+        except _RollBack as rollback:
+            response = rollback.response
+        await _send_response(send, response.status, raw_headers, response.body)
+        return True
+
+    async def _run(
+        self,
+        scope: Scope,
+        body: bytes,
+        send: Send,
+        store: IdempotencyStore,
+        context: IdempotencyContext,
+        token: str,
+    ) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat(store, context, token))
+        try:
+            response, raw_headers = await self._call(scope, body, context)
+        except BaseException:
+            heartbeat.cancel()
+            await asyncio.shield(self._release(store, context, token))
+            raise
+        heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heartbeat
+        if response.status >= 500:
             await self._release(store, context, token)
         else:
             try:
@@ -501,10 +578,7 @@ class IdempotencyMiddleware:
                     "when its lease runs out",
                     extra={"partner_id": context.partner_id, "key": context.key},
                 )
-        headers = [(n, v) for n, v in raw_headers if n.lower() != b"content-length"]
-        headers.append((b"content-length", str(len(response.body)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": response.body, "more_body": False})
+        await _send_response(send, response.status, raw_headers, response.body)
 
     async def _heartbeat(
         self, store: IdempotencyStore, context: IdempotencyContext, token: str
@@ -556,6 +630,15 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+async def _send_response(
+    send: Send, status: int, raw_headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    headers = [(n, v) for n, v in raw_headers if n.lower() != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _send_problem(

@@ -105,6 +105,7 @@ def create_api(
         match=lambda method, path: method == "POST" and path == "/requests",
         window=idempotency_window,
         lease=idempotency_lease,
+        one_transaction=True,  # key, request row, outbox event and response: one commit
     )
 
     @api.exception_handler(_Unauthorized)
@@ -140,6 +141,7 @@ def create_api(
             idempotency_key=context.key if context else None,
             key_expires_at=context.expires_at if context else None,
             key_window=idempotency_window,
+            tx=context.transaction if context else None,
         )
         if isinstance(result, KeyMismatch):
             return problem(

@@ -22,7 +22,8 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -131,6 +132,16 @@ async def migrate(database_url: str) -> list[int]:
         return applied
     finally:
         await app.close()
+
+
+@asynccontextmanager
+async def _within(db: Database, tx: Tx | None) -> AsyncIterator[Tx]:
+    """``tx`` when given, else a new transaction of ``db``."""
+    if tx is not None:
+        yield tx
+        return
+    async with db.transaction() as own:
+        yield own
 
 
 def hash_token(token: str) -> str:
@@ -348,8 +359,11 @@ class PurchaseOrderService:
         idempotency_key: str | None,
         key_expires_at: datetime | None = None,
         key_window: timedelta = DEFAULT_WINDOW,
+        tx: Tx | None = None,
     ) -> Created | KeyMismatch | DuplicateDocument:
-        """Request row + history + outbox event in one transaction (SPEC O1, I2, I3).
+        """Request row + history + outbox event in one transaction (SPEC O1, I2, I3): ``tx``
+        when given (the idempotency middleware's, which also holds the key and will store the
+        response: one commit per POST), else a transaction of its own.
 
         The idempotency key is kept on the request until ``key_expires_at`` (the middleware's
         expiry of the key; without one, ``key_window`` from now). Inside that window the same
@@ -374,7 +388,7 @@ class PurchaseOrderService:
             "event_id": event_id,
             "detail": _json(detail),
         }
-        async with self.db.transaction() as tx:
+        async with _within(self.db, tx) as tx:
             # A conflict is on the key or on the document (I3). An expired key is released
             # and the insert tried again; a concurrent request may have taken the key
             # meanwhile, so a few rounds.

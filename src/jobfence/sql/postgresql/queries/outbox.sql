@@ -26,10 +26,61 @@ UPDATE core.outbox AS o SET
     claim_token = gen_random_uuid(),
     claim_expires_at = now() + make_interval(secs => %(lease)s),
     relay_id = %(relay_id)s
-FROM candidates AS c
-WHERE o.id = c.id
+WHERE o.id = ANY(ARRAY(SELECT id FROM candidates))  -- the primary key, not a scan of the table
 RETURNING o.id, o.event_id, o.queue, o.ordering_key, o.correlation_id, o.payload, o.attempts,
           o.claim_token
+
+-- name: outbox_relay_to_jobs
+-- The relay's path when its transport is the job table in this same database: claim a batch
+-- of ready events (as outbox_claim), queue them as jobs and mark them published, all in one
+-- statement of the caller's transaction — one round trip and one commit per batch, and an
+-- event is queued exactly once.
+WITH candidates AS (
+    SELECT o.id FROM core.outbox AS o
+    WHERE o.state = 'PENDING' AND o.next_attempt_at <= now()
+      AND (o.claim_expires_at IS NULL OR o.claim_expires_at < now())
+      AND (o.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM core.outbox AS e
+          WHERE e.ordering_key = o.ordering_key AND e.id < o.id AND e.state <> 'PUBLISHED'))
+    ORDER BY o.id
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+), moved AS (
+    UPDATE core.outbox AS o SET
+        state = 'PUBLISHED',
+        published_at = now(),
+        attempts = o.attempts + 1,
+        claim_token = NULL,
+        claim_expires_at = NULL,
+        relay_id = %(relay_id)s
+    WHERE o.id = ANY(ARRAY(SELECT id FROM candidates))
+    RETURNING o.id, o.event_id, o.queue, o.ordering_key, o.correlation_id, o.payload,
+              o.attempts
+), queued AS (
+    INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at)
+    SELECT queue, event_id, correlation_id, payload, now() FROM moved ORDER BY id
+)
+SELECT id, event_id, queue, ordering_key, correlation_id,
+       CASE WHEN %(with_payload)s THEN payload END AS payload, attempts
+FROM moved
+ORDER BY id
+
+-- name: outbox_wait_register
+-- An idle relay is about to wait until ``seconds`` from now: writers notify meanwhile.
+INSERT INTO core.outbox_waiters (relay_id, until)
+VALUES (%(relay_id)s, now() + make_interval(secs => %(seconds)s))
+ON CONFLICT (relay_id) DO UPDATE SET until = EXCLUDED.until
+
+-- name: outbox_wait_writers
+-- After registering: wait (at most %(ms)s) for the writers that saw no waiting relay — they
+-- hold the outbox trigger's lock shared until they commit — so that looking again finds
+-- their events.
+SELECT set_config('lock_timeout', %(ms)s, true) AS lock_timeout,
+       pg_advisory_xact_lock(1785292399, 1) AS locked
+
+-- name: outbox_wait_done
+-- The relay has work (or stops): writers need not notify for it any more.
+DELETE FROM core.outbox_waiters WHERE relay_id = %(relay_id)s OR until < now() - interval '1 hour'
 
 -- name: outbox_next_attempt
 -- When the next event that is not claimable now becomes claimable by time: a retry falling

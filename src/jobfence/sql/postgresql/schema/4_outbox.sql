@@ -29,15 +29,28 @@ CREATE TABLE core.outbox (
     CONSTRAINT outbox_claim CHECK ((claim_token IS NULL) = (claim_expires_at IS NULL))
 );
 CREATE INDEX outbox_pending_idx ON core.outbox (next_attempt_at, id) WHERE state = 'PENDING';
+CREATE INDEX outbox_pending_id_idx ON core.outbox (id) WHERE state = 'PENDING';
 CREATE INDEX outbox_key_idx ON core.outbox (ordering_key, id)
     WHERE state <> 'PUBLISHED' AND ordering_key IS NOT NULL;
 CREATE INDEX outbox_published_idx ON core.outbox (published_at) WHERE state = 'PUBLISHED';
 CREATE INDEX outbox_failed_idx ON core.outbox (queue, id) WHERE state = 'PUBLISH_FAILED_RETRY';
 
--- Wake idle relays: one notification per inserting statement, delivered at commit.
+-- Wake idle relays: one notification per inserting statement, delivered at commit, only
+-- while a relay waits (core.outbox_waiters): a NOTIFY takes a database-wide lock at commit
+-- that serialises every notifying writer.
+CREATE TABLE core.outbox_waiters (
+    relay_id text PRIMARY KEY CHECK (relay_id <> '' AND length(relay_id) <= 200),
+    until timestamptz NOT NULL
+);
 CREATE FUNCTION core.outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('jobfence_outbox', '');
+    -- A relay about to wait registers, then takes this lock exclusively (waiting for every
+    -- writer that holds it shared, i.e. that saw no waiter), then looks for events again:
+    -- a writer that cannot take it shared, or sees a waiter, notifies.
+    IF NOT pg_try_advisory_xact_lock_shared(1785292399, 1)
+       OR EXISTS (SELECT 1 FROM core.outbox_waiters WHERE until > now()) THEN
+        PERFORM pg_notify('jobfence_outbox', '');
+    END IF;
     RETURN NULL;
 END;
 $$;
