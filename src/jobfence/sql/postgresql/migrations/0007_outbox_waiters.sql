@@ -1,4 +1,4 @@
--- 0006: the relay's claim walks pending events only; outbox writers notify only while a relay
+-- 0007: the relay's claim walks pending events only; outbox writers notify only while a relay
 -- waits for them (issue 16 §2).
 --
 -- A NOTIFY makes its transaction take a database-wide lock at commit, which serialises every
