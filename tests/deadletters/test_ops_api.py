@@ -251,6 +251,7 @@ async def test_show_gives_payload_attempts_error_and_correlation_id(ops: OpsServ
             "category": "TEMPORARY_ERROR",
             "error": "503",
             "retry_at": "2024-01-01T00:00:30Z",
+            "trace": None,  # written without a traceback: null, never missing
         }
     ]
     assert all("payload" not in item for item in listing["items"])
