@@ -263,12 +263,15 @@ async def show_job(
 async def _locked(tx: Tx, job: int, actor: Actor) -> Mapping[str, Any]:
     _id(job, "the job id")
     rows = await tx.q("job_lock", {"id": job})
-    if not rows or not actor.sees(rows[0]["partner"]):
+    # PostgreSQL skips a row locked already: the transaction of an attempt running it
+    seen = rows or await tx.q("job_get", {"id": job})
+    if not seen or not actor.sees(seen[0]["partner"]):
         raise NotFound(f"no job {job} in the queue (done, dead-lettered, or never there)")
-    if rows[0]["state"] == "running":
+    if not rows or seen[0]["state"] == "running":
         raise ReviewConflict(
-            f"job {job} is running on worker {rows[0]['worker_id']}; wait until its attempt "
-            "ends (it is then done, retrying or a dead letter)"
+            f"job {job} is running on worker {seen[0]['worker_id']}; a running job cannot be "
+            "cancelled or retried: wait until its attempt ends (it is then done, retrying or "
+            "a dead letter), or pause its queue to stop further claims"
         )
     return rows[0]
 
