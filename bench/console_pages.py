@@ -223,7 +223,7 @@ async def main(args: argparse.Namespace) -> None:
         for column in ("request", "server ms", "max", "× baseline", "round trip ms", "bytes"):
             table.add_column(column, justify="left" if column == "request" else "right")
         async with httpx.AsyncClient(
-            base_url=base, headers={"Authorization": f"Bearer {operator}"}
+            base_url=base, headers={"Authorization": f"Bearer {operator}"}, timeout=120
         ) as bearer:
             base_ms = (await timed(bearer, timer, "/healthz", args.runs)).server
 
@@ -240,7 +240,9 @@ async def main(args: argparse.Namespace) -> None:
             table.add_row("baseline: /healthz (SELECT now())", f"{base_ms:.1f}", "", "1.0", "", "")
             for label, path in api:
                 row(label, await timed(bearer, timer, path, args.runs))
-        async with httpx.AsyncClient(base_url=base, headers={"Origin": base}) as client:
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Origin": base}, timeout=120
+        ) as client:
             signed = await client.post("/ui/login", data={"token": operator})
             assert signed.status_code == 303, signed.text
             for label, path in pages:
@@ -248,7 +250,9 @@ async def main(args: argparse.Namespace) -> None:
                 sizes[label] = t.size
                 row(label, t)
             wire = await static_wire(client)
-        async with httpx.AsyncClient(base_url=base, headers={"Origin": base}) as client:
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Origin": base}, timeout=120
+        ) as client:
             await client.post("/ui/login", data={"token": acme})
             for label, path in (
                 ("partner acme: overview", "/ui/"),
