@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from jobfence import App, Job, SyncTx, TransactionBoundaryError
+from jobfence import App, Job, SyncTx, TransactionBoundaryError, outbox
 
 from .helpers import REPO, eventually, ph, query, scalar, stop_process, table, wait_until
 
@@ -242,3 +242,65 @@ async def test_the_worker_says_what_it_waits_for_every_few_seconds(
 
 async def _periodic(caplog: pytest.LogCaptureFixture, n: int) -> bool:
     return len([r for r in caplog.records if r.getMessage().startswith("still waiting")]) >= n
+
+
+async def test_a_second_signal_stops_a_relay_stuck_in_its_round(pg_database: str) -> None:
+    """`jobfence relay` stops after its current round on SIGTERM; when that round is stuck
+    (here: the outbox locked by another transaction), a second signal cancels it and the relay
+    exits at once. Nothing is lost: the event is relayed once the lock is gone."""
+    import psycopg
+
+    async with App(pg_database) as app, app.db.transaction() as tx:
+        await outbox.write(tx, "q", {"x": 1}, event_id="evt-stuck")
+    locker = await psycopg.AsyncConnection.connect(pg_database)
+    proc = None
+    try:
+        await locker.execute("LOCK TABLE core.outbox IN ACCESS EXCLUSIVE MODE")
+        proc = spawn_relay(pg_database)
+        await eventually(lambda: _waits_on_lock(pg_database), what="the relay stuck on the lock")
+        proc.send_signal(signal.SIGTERM)  # the first signal is not enough: the round is stuck
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=15)
+        assert proc.returncode == 0, out
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await locker.rollback()
+        await locker.close()
+    said = [json.loads(line)["event"] for line in out.splitlines() if line.startswith("{")]
+    assert any(e.startswith("shutdown requested: the relay stops") for e in said), said
+    assert any(e.startswith("second signal: stopping the relay now") for e in said), said
+    assert await query(pg_database, "SELECT state FROM core.outbox") == [("PENDING",)]
+    async with App(pg_database) as app:
+        from jobfence.relay import Relay
+
+        assert await Relay(app).run_once() == 1
+    assert await query(pg_database, "SELECT job_id FROM core.jobs") == [("evt-stuck",)]
+
+
+async def _waits_on_lock(url: str) -> bool:
+    rows = await query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'",
+    )
+    return bool(rows[0][0])
+
+
+def spawn_relay(url: str) -> subprocess.Popen[str]:
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
+    cli = [sys.executable, "-m", "jobfence.cli"]
+    return subprocess.Popen(
+        [*cli, "relay", "--database-url", url, "--log-format", "json"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

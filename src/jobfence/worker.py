@@ -188,6 +188,11 @@ class Worker:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def forced(self) -> bool:
+        """Whether the stop was forced (a second signal, or :meth:`force_stop`)."""
+        return self._force.is_set()
+
     async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
         app = self.app
         await app.open(pool_size=self.concurrency + 4)
