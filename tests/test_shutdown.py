@@ -304,3 +304,30 @@ def spawn_relay(url: str) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def test_the_handler_threads_are_daemons_and_bounded() -> None:
+    """jobfence.threads: results and errors come back; at most ``max_workers`` threads, all
+    daemons; ``shutdown(wait=False)`` does not wait for a blocked thread, and
+    ``cancel_futures`` cancels what never started."""
+    from jobfence.threads import DaemonThreadPool
+
+    pool = DaemonThreadPool(2)
+    assert pool.submit(lambda a, b: a + b, 2, b=3).result(timeout=5) == 5
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(lambda: 1 / 0).result(timeout=5)
+    gate = threading.Event()
+    blocked = [pool.submit(gate.wait, 30) for _ in range(2)]
+    queued = pool.submit(lambda: "never")
+    wait_until(lambda: all(f.running() for f in blocked), what="both threads busy")
+    threads = [t for t in threading.enumerate() if t.name.startswith(pool._prefix + "_")]
+    assert 1 <= len(threads) <= 2
+    assert all(t.daemon for t in threads)
+    began = time.monotonic()
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert time.monotonic() - began < 1
+    assert queued.cancelled()
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)
+    gate.set()
+    assert all(f.result(timeout=5) for f in blocked)
