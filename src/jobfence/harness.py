@@ -438,6 +438,7 @@ class Harness:
         guard = tx.guard
         if guard is not None:
             guard.active = True  # the handler holds jobfence's transaction (SPEC H5)
+        sync_tx: SyncTx | None = None
         try:
             if consumer.is_async:
                 result = consumer.handler(job, tx.session if consumer.wants_session else tx)
@@ -446,9 +447,14 @@ class Harness:
             else:
                 loop = asyncio.get_running_loop()
                 ctx = contextvars.copy_context()
-                call = partial(ctx.run, consumer.handler, job, SyncTx(tx, loop))
+                sync_tx = SyncTx(tx, loop)
+                call = partial(ctx.run, consumer.handler, job, sync_tx)
                 await loop.run_in_executor(self.executor, call)
         finally:
+            if sync_tx is not None:
+                # a thread cancelled mid-handler runs on: from now on its statements are
+                # refused, before this transaction rolls back and its connection serves others
+                sync_tx.end("the job was cancelled, or its handler had returned")
             if guard is not None:
                 guard.active = False
             current_tx.reset(token)

@@ -163,7 +163,8 @@ def _migration_sql(database_url: str | None, dialect: str | None, after: int) ->
     show_envvar=True,
     default="30s",
     show_default=True,
-    help="How long in-flight jobs get to finish after SIGTERM.",
+    help="How long in-flight jobs get to finish after SIGTERM/SIGINT; a second signal cancels "
+    "them at once (rolled back, redelivered).",
 )
 @click.option(
     "--summary-interval",
