@@ -71,6 +71,7 @@ __all__ = [
     "resume_queue",
     "retry_now",
     "show_job",
+    "unserved_among",
     "unserved_jobs",
 ]
 
@@ -436,6 +437,12 @@ async def unserved_jobs(
     return sum(
         int(r["waiting"] or 0) + int(r["retrying"] or 0) for r in rows if r["queue"] not in served
     )
+
+
+def unserved_among(queues: Collection[QueueInfo]) -> int:
+    """Waiting and retrying jobs of the queues :func:`list_queues` (given ``served``) marked
+    as served by no consumer: :func:`unserved_jobs` without counting the jobs again."""
+    return sum(q.waiting + q.retrying for q in queues if q.served is False)
 
 
 def _shared(actor: Actor, doing: str) -> None:

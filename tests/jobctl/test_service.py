@@ -247,6 +247,12 @@ async def test_pause_stops_claims_and_resume_restores_them(app: App, database_ur
         ("sms", False, False, 0, 1),
     ]
     assert await jobctl.unserved_jobs(app.db, {"mail", "push"}, actor=OPS) == 0
+    assert jobctl.unserved_among(queues) == 0  # sms's one job is running
+    await app.enqueue("sms", {"n": 2}, job_id="s-2")
+    await app.enqueue("sms", {"n": 3}, job_id="s-3")
+    again = await jobctl.list_queues(app.db, actor=OPS, served={"mail", "push"})
+    assert jobctl.unserved_among(again) == 2
+    assert await jobctl.unserved_jobs(app.db, {"mail", "push"}, actor=OPS) == 2
     await jobctl.resume_queue(app.db, "mail", actor=OPS)
     got = await app.transport.fetch(["mail"], 10, 0)
     assert [d.job_id for d in got] == ["m-1"]
