@@ -29,6 +29,8 @@ from prometheus_client import Counter
 
 from .db import Database, Tx
 from .errors import Category, ConfigurationError, classify, describe, error_code
+from .health import Health, register, unregister
+from .metrics import RELAYS
 from .outbox import DEFAULT_RETENTION, PUBLISH_FAILED_RETRY, cleanup
 from .retry import RetryPolicy
 from .store import OutgoingJob
@@ -167,6 +169,8 @@ class Relay:
         self._task: asyncio.Task[RelayStats] | None = None
         self._waiting = False  # registered in core.outbox_waiters
         self._one_transaction = one_transaction
+        #: what /livez and /readyz report for this relay (jobfence.health)
+        self.health = Health("relay")
 
     @property
     def direct(self) -> bool:
@@ -206,6 +210,7 @@ class Relay:
     def request_stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self.health.draining = True
 
     def start(self) -> asyncio.Task[RelayStats]:
         """Run in the background of the current event loop (e.g. next to a worker)."""
@@ -223,7 +228,16 @@ class Relay:
 
     async def run(self, *, install_signal_handlers: bool = False) -> RelayStats:
         """Publish until :meth:`request_stop` (or SIGTERM/SIGINT with signal handlers)."""
-        await self.app.open()
+        self.health = Health("relay")
+        register(self.health)
+        try:
+            await self.app.open()
+        except BaseException:
+            unregister(self.health)
+            raise
+        RELAYS.inc()
+        watch = asyncio.create_task(self.health.watch(self.db), name="jobfence-relay-health")
+        self.health.started = True
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -266,6 +280,12 @@ class Relay:
                     continue
                 await self._sleep(wait)
         finally:
+            self.health.draining = True
+            unregister(self.health)
+            RELAYS.dec()
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
             if self._waiting and self.app.is_open:
                 await self._stop_waiting()
             if listener is not None:

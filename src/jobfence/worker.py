@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from .harness import Harness, Outcome
+from .health import Health, register, unregister
 from .jobs import Delivery
 from .maintenance import housekeeping
+from .metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
 
 if TYPE_CHECKING:
     from .app import App
@@ -118,6 +120,8 @@ class Worker:
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
         self._inflight: dict[asyncio.Task[list[Outcome]], list[Delivery]] = {}
+        #: what /livez and /readyz report for this worker (jobfence.health)
+        self.health = Health("worker")
 
     def request_stop(self) -> None:
         """Stop fetching and shut down gracefully (what SIGTERM does)."""
@@ -127,6 +131,7 @@ class Worker:
                 extra={"inflight": len(self._inflight)},
             )
         self._stop.set()
+        self.health.draining = True
         if self.app.is_open:
             self.app.transport.wake()
 
@@ -136,7 +141,14 @@ class Worker:
 
     async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
         app = self.app
-        await app.open(pool_size=self.concurrency + 4)
+        register(self.health)
+        try:
+            await app.open(pool_size=self.concurrency + 4)
+        except BaseException:
+            unregister(self.health)
+            raise
+        WORKERS.inc()
+        WORKER_SLOTS.inc(self.concurrency)
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -154,6 +166,7 @@ class Worker:
             work=app.work_source,
         )
         background = [
+            asyncio.create_task(self.health.watch(app.db), name="jobfence-health"),
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
             asyncio.create_task(self._maintenance(), name="jobfence-maintenance"),
         ]
@@ -168,10 +181,16 @@ class Worker:
                 "transport": app.transport.name,
             },
         )
+        self.health.started = True
         try:
             await self._loop(harness)
+            self.health.draining = True
             await self._drain()
         finally:
+            self.health.draining = True
+            unregister(self.health)
+            WORKERS.dec()
+            WORKER_SLOTS.dec(self.concurrency)
             for task in background:
                 task.cancel()
             for task in background:
@@ -239,10 +258,13 @@ class Worker:
         batch = [self._buffer.popleft() for _ in range(size)]
         task = asyncio.create_task(harness.handle_batch(batch))
         self._inflight[task] = batch
+        WORKER_INFLIGHT.inc(len(batch))
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[list[Outcome]]) -> None:
-        self._inflight.pop(task, None)
+        batch = self._inflight.pop(task, None)
+        if batch is not None:
+            WORKER_INFLIGHT.dec(len(batch))
         if task.cancelled():
             return
         exc = task.exception()
