@@ -29,6 +29,8 @@ from prometheus_client import Counter
 
 from .db import Database, Tx
 from .errors import Category, ConfigurationError, classify, describe, error_code
+from .health import Health, register, unregister
+from .metrics import RELAYS
 from .outbox import DEFAULT_RETENTION, PUBLISH_FAILED_RETRY, cleanup
 from .retry import RetryPolicy
 from .store import OutgoingJob
@@ -170,6 +172,9 @@ class Relay:
         self._forced = False
         self._round: asyncio.Task[None] | None = None
 
+        #: what /livez and /readyz report for this relay (jobfence.health)
+        self.health = Health("relay")
+
     @property
     def direct(self) -> bool:
         """Whether a round is one statement (claim, queue as jobs, mark published): the
@@ -209,6 +214,7 @@ class Relay:
         """Stop after the current round (what SIGTERM/SIGINT does)."""
         self._stop.set()
         self._wake.set()
+        self.health.draining = True
 
     def force_stop(self) -> None:
         """Stop now (what a second SIGTERM/SIGINT does): the round in progress is cancelled.
@@ -257,7 +263,16 @@ class Relay:
 
     async def run(self, *, install_signal_handlers: bool = False) -> RelayStats:
         """Publish until :meth:`request_stop` (or SIGTERM/SIGINT with signal handlers)."""
-        await self.app.open()
+        self.health = Health("relay")
+        register(self.health)
+        try:
+            await self.app.open()
+        except BaseException:
+            unregister(self.health)
+            raise
+        RELAYS.inc()
+        watch = asyncio.create_task(self.health.watch(self.db), name="jobfence-relay-health")
+        self.health.started = True
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -284,6 +299,13 @@ class Relay:
                     raise
         finally:
             self._round = None
+
+            self.health.draining = True
+            unregister(self.health)
+            RELAYS.dec()
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
             if self._waiting and self.app.is_open:
                 await self._stop_waiting()
             if listener is not None:

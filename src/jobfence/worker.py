@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from .harness import Harness, Outcome
+from .health import Health, register, unregister
 from .jobs import Delivery
 from .maintenance import housekeeping
+from .metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
 from .threads import DaemonThreadPool
 
 if TYPE_CHECKING:
@@ -134,6 +136,9 @@ class Worker:
         #: jobs cancelled at the end of the grace or by a forced stop (rolled back, handed back)
         self.cancelled = 0
 
+        #: what /livez and /readyz report for this worker (jobfence.health)
+        self.health = Health("worker")
+
     def request_stop(self) -> None:
         """Stop fetching and shut down gracefully (what SIGTERM does): in-flight jobs get
         ``shutdown_grace`` seconds to finish."""
@@ -149,6 +154,7 @@ class Worker:
             else:
                 log.info("shutdown requested: no job in flight")
         self._stop.set()
+        self.health.draining = True
         if self.app.is_open:
             self.app.transport.wake()
 
@@ -195,7 +201,14 @@ class Worker:
 
     async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
         app = self.app
-        await app.open(pool_size=self.concurrency + 4)
+        register(self.health)
+        try:
+            await app.open(pool_size=self.concurrency + 4)
+        except BaseException:
+            unregister(self.health)
+            raise
+        WORKERS.inc()
+        WORKER_SLOTS.inc(self.concurrency)
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -215,6 +228,7 @@ class Worker:
             work=app.work_source,
         )
         background = [
+            asyncio.create_task(self.health.watch(app.db), name="jobfence-health"),
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
             asyncio.create_task(self._maintenance(), name="jobfence-maintenance"),
         ]
@@ -229,10 +243,16 @@ class Worker:
                 "transport": app.transport.name,
             },
         )
+        self.health.started = True
         try:
             await self._loop(harness)
+            self.health.draining = True
             await self._drain()
         finally:
+            self.health.draining = True
+            unregister(self.health)
+            WORKERS.dec()
+            WORKER_SLOTS.dec(self.concurrency)
             for task in background:
                 task.cancel()
             for task in background:
@@ -304,10 +324,13 @@ class Worker:
         task = asyncio.create_task(harness.handle_batch(batch))
         self._inflight[task] = batch
         self._began[task] = time.monotonic()
+        WORKER_INFLIGHT.inc(len(batch))
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[list[Outcome]]) -> None:
-        self._inflight.pop(task, None)
+        batch = self._inflight.pop(task, None)
+        if batch is not None:
+            WORKER_INFLIGHT.dec(len(batch))
         self._began.pop(task, None)
         if task.cancelled():
             return
