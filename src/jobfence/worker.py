@@ -152,6 +152,7 @@ class Worker:
             executor=executor,
             fence_enabled=app._fence_enabled,
             work=app.work_source,
+            tracing=app.tracing,
         )
         background = [
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),

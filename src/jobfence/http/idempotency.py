@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from .. import tracing
 from ..config import parse_database_url
 from ..db import Database, Tx, connect, to_datetime
 from ..errors import ConfigurationError, extra_needed
@@ -328,6 +329,8 @@ class IdempotencyMiddleware:
         self.one_transaction = one_transaction
         self._next_cleanup = 0.0
         self._background: set[asyncio.Task[Any]] = set()
+        #: the span of each keyed request (docs/tracing.md); None without the otel extra
+        self._tracing = tracing.get()
         if isinstance(database, str):
             parse_database_url(database)  # a bad URL fails at start-up, in one line
 
@@ -363,11 +366,26 @@ class IdempotencyMiddleware:
         if partner_id is None:
             await self.app(scope, receive, send)
             return
+        if self._tracing is None:
+            await self._keyed(scope, receive, send, partner_id)
+            return
+        carrier = {n.decode("latin-1"): v.decode("latin-1") for n, v in scope["headers"]}
+        with self._tracing.idempotency(scope["method"], scope["path"], carrier):
+            await self._keyed(scope, receive, send, partner_id)
+
+    def _note(self, outcome: str) -> None:
+        """What the middleware did with a keyed request, on its span: ``executed``,
+        ``replayed``, ``in_flight``, ``mismatch``, ``bad_key``, ``too_large``."""
+        if self._tracing is not None:
+            self._tracing.idempotency_outcome(outcome)
+
+    async def _keyed(self, scope: Scope, receive: Receive, send: Send, partner_id: str) -> None:
         headers = [(name.decode("latin-1"), value) for name, value in scope["headers"]]
         values = [v.decode("latin-1") for n, v in headers if n in (HEADER, X_HEADER)]
         try:
             key = parse_key(values)
         except KeyProblem as exc:
+            self._note("bad_key")
             title = (
                 "Idempotency key missing" if exc.code == MISSING else "Malformed idempotency key"
             )
@@ -378,6 +396,7 @@ class IdempotencyMiddleware:
         except _Disconnected:
             return
         except ValueError:
+            self._note("too_large")
             await _send_problem(
                 send,
                 413,
@@ -404,6 +423,7 @@ class IdempotencyMiddleware:
                     partner_id, key, fingerprint, lease=self.lease, window=self.window
                 )
                 if claimed is not None:
+                    self._note("executed")
                     token, expires_at = claimed
                     context = IdempotencyContext(partner_id, key, fingerprint, expires_at)
                     await self._run(scope, body, send, store, context, token)
@@ -412,6 +432,7 @@ class IdempotencyMiddleware:
             if row is None or row["expired"]:
                 continue  # deleted or expired in between: claim again
             if row["fingerprint"] != fingerprint:
+                self._note("mismatch")
                 await _send_problem(
                     send,
                     409,
@@ -422,6 +443,7 @@ class IdempotencyMiddleware:
                 )
                 return
             if row["state"] == "in_progress":
+                self._note("in_flight")
                 await _send_problem(
                     send,
                     409,
@@ -432,6 +454,7 @@ class IdempotencyMiddleware:
                     extra_headers=[(b"retry-after", b"1")],
                 )
                 return
+            self._note("replayed")
             await _send_replay(send, _stored(row))
             return
         raise RuntimeError("idempotency key kept changing state; giving up on this request")
@@ -528,6 +551,7 @@ class IdempotencyMiddleware:
             async with store.db.work(["idempotency_claim"], params) as (tx, results):
                 if not results[0]:
                     raise _NotClaimed
+                self._note("executed")
                 claim = results[0][0]
                 token = str(claim["lease_token"])
                 context = IdempotencyContext(
