@@ -169,15 +169,29 @@ async def test_one_trace_from_enqueue_to_the_handler(
     assert crediting.span_id in {format(s.context.span_id, "016x") for s in handler_spans}
 
 
+@pytest.fixture(params=["postgresql-one-statement", "postgresql", "rabbitmq"])
+def relayed(request: pytest.FixtureRequest) -> Iterator[tuple[Target, bool]]:
+    """Where the relay publishes: the job table of the same database in one statement, the
+    same with publish-then-mark rounds (every other transport's path), a broker."""
+    kind = str(request.param)
+    made = make_target(kind.removesuffix("-one-statement"), request)
+    yield made, kind.endswith("-one-statement")
+    if made.transport_url:
+        import asyncio
+
+        asyncio.run(cleanup(made))
+
+
 async def test_http_post_through_the_outbox_and_relay_to_the_handler(
-    pg_database: str, spans: InMemorySpanExporter
+    relayed: tuple[Target, bool], spans: InMemorySpanExporter
 ) -> None:
     """POST with an idempotency key (and the client's traceparent) → outbox write in the
     request → relay → worker → handler: one trace. A repeat is ``replayed``, another body
     under the same key ``mismatch``, all as span attributes."""
-    queue = "points.credit"
+    target, one_statement = relayed
+    queue = target.queue
     effects: list[str] = []
-    app = App(pg_database, auto_migrate=True)
+    app = target.app()
 
     @app.consumer(queue, schema=Credit)
     async def credit(job: Job[Credit], tx: Tx) -> None:
@@ -213,7 +227,8 @@ async def test_http_post_through_the_outbox_and_relay_to_the_handler(
             )
             assert other.status_code == 409
         event_id = first.json()["event_id"]
-        relay = Relay(app, one_transaction=False)  # the publish path every transport takes
+        relay = Relay(app, one_transaction=None if one_statement else False)
+        assert relay.direct is one_statement
         assert await relay.run_once() == 1
         async with RunningWorker(app, concurrency=2, poll_interval=0.1):
             await eventually(lambda: effects == [event_id], what="the credit")
@@ -237,8 +252,7 @@ async def test_http_post_through_the_outbox_and_relay_to_the_handler(
     assert process.attributes["jobfence.correlation_id"] == "http-1"
     (handler,) = named(found, "credit points")
     assert parent_of(handler) == process.context.span_id
-    # the direct relay (queue and outbox in one database) keeps the same context
-    stored = await scalar(pg_database, "SELECT trace_context FROM core.outbox")
+    stored = await scalar(target.database_url, "SELECT trace_context FROM core.outbox")
     assert trace_headers(stored)["traceparent"].split("-")[1] == format(trace_id, "032x")
 
 
