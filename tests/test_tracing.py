@@ -11,6 +11,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pydantic
@@ -374,3 +375,38 @@ def test_the_broker_headers_carry_the_trace_context() -> None:
     assert read.delivery("q", b"{}", 1, token=None, ref=None).trace_context == context
     assert read_meta(attributes(Meta.new(job)), "j").trace_context == context
     assert "traceparent" not in Meta.new(OutgoingJob("q", "j", b"{}")).headers()
+
+
+async def test_group_commit_gives_each_job_its_own_process_span(
+    pg_database: str, spans: InMemorySpanExporter
+) -> None:
+    """Jobs committed together (``batch_size``) stay in their own traces: one ``process``
+    span per job, a child of that job's ``send``; a failed one's retry is in its trace."""
+    app = App(pg_database)
+    txids: dict[str, int] = {}
+
+    @app.consumer("q", retry=DEMO_POLICY)
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        (txid,) = await tx.fetchone("SELECT txid_current()") or (0,)
+        txids.setdefault(job.job_id, int(txid))
+        if job.job_id == "b" and job.attempt == 1:
+            raise TemporaryError("flaky")
+
+    roots = {}
+    async with app:
+        for job_id in ("a", "b", "c"):
+            with test_tracer.start_as_current_span(f"make {job_id}") as root:
+                await app.enqueue("q", {}, job_id=job_id)
+            roots[job_id] = root.get_span_context().trace_id
+        async with RunningWorker(app, concurrency=1, batch_size=3) as worker:
+            await eventually(lambda: worker.stats.handled >= 4, what="three jobs and a retry")
+    assert len({txids["a"], txids["b"], txids["c"]}) == 1  # one transaction for the three
+    for job_id, trace_id in roots.items():
+        found = in_trace(spans, trace_id)
+        (send,) = named(found, "send q")
+        processes = named(found, "process q")
+        assert processes, job_id
+        assert {parent_of(p) for p in processes} == {send.context.span_id}
+        assert {p.attributes["jobfence.job_id"] for p in processes} == {job_id}
+    (retry,) = named(in_trace(spans, roots["b"]), "retry q")
+    assert retry.attributes["jobfence.job_id"] == "b"

@@ -113,7 +113,9 @@ class Tracing(Observer):
     def context_of(self, trace_context: str | None) -> Any:
         """The OpenTelemetry context a job's stored trace context names (an empty context,
         i.e. a new trace, for None or a malformed one)."""
-        return self.propagator.extract(trace_headers(trace_context), context=otel_context.Context())
+        if not trace_context:
+            return _EMPTY
+        return self.propagator.extract(trace_headers(trace_context), context=_EMPTY)
 
     def span_context_of(self, trace_context: str | None) -> Any:
         return otel_trace.get_current_span(self.context_of(trace_context)).get_span_context()
@@ -366,6 +368,8 @@ class TraceIds(logging.Filter):
 
 
 _TRACING: Tracing | None = Tracing() if AVAILABLE else None
+#: no parent: a span started in it begins a new trace (contexts are immutable)
+_EMPTY: Any = otel_context.Context() if AVAILABLE else None
 
 
 def get() -> Tracing | None:
