@@ -7,10 +7,11 @@ import dataclasses
 import inspect
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import fence
+from . import fence, tracing
 from .codec import Decoder, Schema, encode
 from .config import DEFAULT_BATCH_WINDOW, DatabaseURL, check_schema_name, parse_database_url
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
@@ -139,6 +140,7 @@ class App:
         auto_migrate: bool | None = None,
         observers: Sequence[Observer] = (),
         maintenance: Maintenance | None = None,
+        trace: bool = True,
     ) -> None:
         self._engine_work: Any = None
         #: a synchronous engine's host (``def`` handlers with a ``Session``, in a thread)
@@ -176,6 +178,9 @@ class App:
         self.auto_migrate = self.url.dialect == "sqlite" if auto_migrate is None else auto_migrate
         self.consumers: dict[str, Consumer] = {}
         self._extra_observers = list(observers)
+        #: OpenTelemetry spans and trace context (docs/tracing.md): None without the ``otel``
+        #: extra or with ``trace=False``, and then nothing traces
+        self.tracing: tracing.Tracing | None = tracing.get() if trace else None
         self.maintenance = maintenance or Maintenance()
         self.observers = Observers([])
         self.worker_id = default_holder()
@@ -367,6 +372,7 @@ class App:
             consumers = {q: c.name for q, c in self.consumers.items()}
             self.observers = Observers(
                 [MetricsObserver(consumers), LogObserver(), *self._extra_observers]
+                + ([self.tracing] if self.tracing is not None else [])
             )
             self._db, self._transport = db, transport
 
@@ -493,11 +499,21 @@ class App:
             if not self.is_open:
                 await self.open()
             self.transport.check_payloads(jobs)
-            await self.transport.publish(jobs)
+            with self._sending(jobs, self.transport.name) as traced:
+                await self.transport.publish(traced)
             return
         store = self.store_for(connection)
         _check_database_payloads(jobs, store.dialect)
-        await store.enqueue(jobs, tx=await self._as_tx(connection))
+        with self._sending(jobs, store.dialect) as traced:
+            await store.enqueue(traced, tx=await self._as_tx(connection))
+
+    def _sending(
+        self, jobs: Sequence[OutgoingJob], transport: str
+    ) -> AbstractContextManager[Sequence[OutgoingJob]]:
+        """The ``send`` span of an enqueue, whose context the jobs carry (docs/tracing.md)."""
+        if self.tracing is None:
+            return nullcontext(jobs)
+        return self.tracing.send(jobs, transport)
 
     def store_for(self, connection: Any) -> Store:
         if self.is_open and isinstance(self.transport, DatabaseQueue):
@@ -544,16 +560,17 @@ class App:
             return job.job_id
         store = Store(connect(self.url))
         _check_database_payloads([job], store.dialect)
-        if connection is not None:
-            store.enqueue_sync(connection, [job])
-            return job.job_id
-        if current_tx.get() is not None and self.url.dialect == "sqlite":
+        if connection is None and current_tx.get() is not None and self.url.dialect == "sqlite":
             raise EnqueueError(
                 "inside a handler on SQLite, enqueue with connection=tx: a second write "
                 "transaction would wait for the handler's own"
             )
-        with connect_sync(self.url) as conn:
-            store.enqueue_sync(conn, [job])
+        with self._sending([job], store.dialect) as traced:
+            if connection is not None:
+                store.enqueue_sync(connection, traced)
+            else:
+                with connect_sync(self.url) as conn:
+                    store.enqueue_sync(conn, traced)
         return job.job_id
 
     # -- workers ----------------------------------------------------------------------------

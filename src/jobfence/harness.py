@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -47,6 +48,7 @@ from .jobs import Delivery, Job
 from .letters import DEFAULT_PAYLOAD_LIMIT
 from .observers import Observers
 from .retry import Decision, RetryPolicy
+from .tracing import Tracing
 from .transports import Transport
 
 log = logging.getLogger("jobfence.harness")
@@ -118,6 +120,7 @@ class Harness:
         executor: Executor | None = None,
         fence_enabled: bool = True,
         work: WorkSource | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.consumers = consumers
         self.db = db
@@ -129,6 +132,8 @@ class Harness:
         self.payload_limit = payload_limit
         self.executor = executor
         self.fence_enabled = fence_enabled
+        #: each delivery's ``process`` span (docs/tracing.md); None: no tracing work at all
+        self.tracing = tracing
         #: recent time a handler call takes (EWMA, seconds; None until one ran): the worker
         #: groups ready jobs into one transaction only while handlers are fast
         self.handler_time: float | None = None
@@ -172,7 +177,18 @@ class Harness:
         return consumer, job
 
     async def handle(self, delivery: Delivery) -> Outcome:
-        """One delivery in its own transaction."""
+        """One delivery in its own transaction (in its ``process`` span when tracing)."""
+        if self.tracing is None:
+            return await self._handle(delivery)
+        consumer = self.consumers.get(delivery.queue)
+        with self.tracing.process(
+            delivery, self.transport.name, consumer.name if consumer else None
+        ) as span:
+            outcome = await self._handle(delivery)
+            self.tracing.outcome(span, outcome.value)
+            return outcome
+
+    async def _handle(self, delivery: Delivery) -> Outcome:
         screened = await self._screen(delivery)
         if isinstance(screened, Outcome):
             return screened
@@ -328,20 +344,27 @@ class Harness:
                         continue
                     fenced_keys.add(key)
                     started = True
-                    self.observers.job_started(job)
-                    began = time.perf_counter()
-                    try:
-                        async with batch.job() as tx:
-                            await self._call(consumer, job, tx)
-                    except BatchLost:
-                        raise
-                    except Exception as exc:
-                        outcomes[index] = await self._failed_in_batch(
-                            batch.tx, delivery, consumer, exc, notes
-                        )
-                    else:
-                        outcomes[index] = Outcome.PROCESSED
-                        committed.append((job, time.perf_counter() - began))
+                    with (
+                        nullcontext()
+                        if self.tracing is None
+                        else self.tracing.process(delivery, self.transport.name, consumer.name)
+                    ) as span:
+                        self.observers.job_started(job)
+                        began = time.perf_counter()
+                        try:
+                            async with batch.job() as tx:
+                                await self._call(consumer, job, tx)
+                        except BatchLost:
+                            raise
+                        except Exception as exc:
+                            outcomes[index] = await self._failed_in_batch(
+                                batch.tx, delivery, consumer, exc, notes
+                            )
+                        else:
+                            outcomes[index] = Outcome.PROCESSED
+                            committed.append((job, time.perf_counter() - began))
+                        if self.tracing is not None:
+                            self.tracing.outcome(span, outcomes[index].value)
         except asyncio.CancelledError:
             for _, delivery, _, _ in screened:
                 await asyncio.shield(self._release(delivery))

@@ -81,9 +81,17 @@ class OutboxEvent:
     payload: bytes
     attempts: int
     claim: Any = None
+    #: the W3C trace context of the event's ``create`` span; its job carries it
+    trace_context: str | None = None
 
     def job(self) -> OutgoingJob:
-        return OutgoingJob(self.queue, self.event_id, self.payload, self.correlation_id)
+        return OutgoingJob(
+            self.queue,
+            self.event_id,
+            self.payload,
+            self.correlation_id,
+            trace_context=self.trace_context,
+        )
 
 
 class RelayObserver:
@@ -427,6 +435,7 @@ class Relay:
                 payload=bytes(row["payload"]),
                 attempts=int(row["attempts"]),
                 claim=row["claim_token"],
+                trace_context=row["trace_context"],
             )
             for row in rows
         ]
@@ -447,6 +456,7 @@ class Relay:
         nothing — lost in a crash, the jobs and the marks go together and the events are
         relayed again. A job it queued is durably gone only after a worker's commit, which
         flushes the WAL up to it first."""
+        began = time.time_ns()
         async with self.db.transaction() as tx:
             await tx.execute("SET LOCAL synchronous_commit = off")
             rows = await tx.q(
@@ -466,6 +476,7 @@ class Relay:
                     correlation_id=row["correlation_id"],
                     payload=bytes(row["payload"] or b""),
                     attempts=int(row["attempts"]),
+                    trace_context=row["trace_context"],
                 )
                 for row in rows
             ]
@@ -474,6 +485,9 @@ class Relay:
         self.stats.rounds += 1
         if not events:
             return 0
+        traces = self.app.tracing
+        if traces is not None:
+            traces.end_spans(traces.relay_spans(events, self.app.transport.name, began))
         self.app.transport.wake()
         for observer in self.observers:
             try:
@@ -486,14 +500,20 @@ class Relay:
         return len(events)
 
     async def _publish(self, group: list[OutboxEvent]) -> None:
+        traces = self.app.tracing
+        spans = [] if traces is None else traces.relay_spans(group, self.app.transport.name)
         try:
             await asyncio.wait_for(
                 self.app.transport.publish([e.job() for e in group]),
                 timeout=self.publish_timeout.total_seconds(),
             )
         except Exception as exc:
+            if traces is not None:
+                traces.end_spans(spans, exc)
             await self._failed(group, exc)
             return
+        if traces is not None:
+            traces.end_spans(spans)
         for observer in self.observers:
             try:
                 await observer.published(group)

@@ -226,6 +226,7 @@ class Worker:
             executor=executor,
             fence_enabled=app._fence_enabled,
             work=app.work_source,
+            tracing=app.tracing,
         )
         background = [
             asyncio.create_task(self.health.watch(app.db), name="jobfence-health"),
