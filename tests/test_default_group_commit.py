@@ -9,7 +9,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from jobfence import App, Job, Tx
+import pytest
+
+from jobfence import App, Job, Tx, harness
 from jobfence.config import DEFAULT_BATCH_SIZE
 from jobfence.harness import Outcome
 
@@ -183,10 +185,12 @@ async def test_raw_connection_results_are_there_at_once_in_a_batch(pg_ledger: st
 
 
 async def test_slow_handlers_under_a_backlog_do_not_share_long_transactions(
-    pg_ledger: str,
+    pg_ledger: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Handlers slower than the batch span (0.5 s of handler time per transaction): under a
-    backlog each job still commits on its own, so one job's work does not wait on others."""
+    """Handlers slower than the batch span (here 0.5 s of handler time per transaction):
+    under a backlog each job still commits on its own, so one job's work does not wait on
+    others."""
+    monkeypatch.setattr(harness, "BATCH_SPAN", 0.5)
     app = App(pg_ledger)
     txids: dict[str, int] = {}
 

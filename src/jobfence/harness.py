@@ -54,9 +54,11 @@ log = logging.getLogger("jobfence.harness")
 
 #: a group-commit transaction is expected to stay open about this long at most: under a
 #: backlog, a batch holds at most this many seconds of handler time (from the recent handler
-#: time), so slow handlers do not keep their work, their locks and the jobs after them
-#: waiting on one long transaction
-BATCH_SPAN = 0.5
+#: time), so slow handlers (an HTTP call each) do not keep their work, their locks and the
+#: jobs after them waiting on one long transaction. Generous on purpose: the handler time is
+#: wall time, and a loaded machine stretches it for fast handlers too; smaller batches then
+#: would cost more CPU per job exactly when CPU is short
+BATCH_SPAN = 2.0
 
 Handler = Callable[[Job[Any], Any], Awaitable[None] | None]
 
