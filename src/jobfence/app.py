@@ -13,7 +13,13 @@ from typing import Any, TypeVar
 
 from . import fence, tracing
 from .codec import Decoder, Schema, encode
-from .config import DEFAULT_BATCH_WINDOW, DatabaseURL, check_schema_name, parse_database_url
+from .config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_BATCH_WINDOW,
+    DatabaseURL,
+    check_schema_name,
+    parse_database_url,
+)
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
 from .db.adopt import adopt_async, connect_sync
 from .errors import ConfigurationError, EnqueueError, extra_needed
@@ -239,12 +245,16 @@ class App:
         schema: Schema = None,
         name: str | None = None,
         retry: RetryPolicy | None = None,
+        isolated: bool = False,
     ) -> Callable[[H], H]:
         """Register ``handler(job, tx)`` for ``queue``.
 
         ``schema``: a pydantic model class, a JSON Schema dict, ``bytes`` (raw) or None (any
         JSON). ``name`` is the consumer name the fence is keyed on (default: the queue).
         ``retry`` overrides the default policy; it must carry a justification.
+        ``isolated=True``: each job gets a transaction of its own, never a share of a group
+        commit (for handlers that hold transaction-wide state: ``SET LOCAL``, advisory or
+        table locks, hot rows other jobs wait on, ``COPY``; see docs/concepts.md).
         """
         check_queue(queue)
         if queue in self.consumers:
@@ -274,6 +284,7 @@ class App:
                 policy=policy,
                 wants_session=session,
                 host=self._session_host,
+                isolated=isolated,
             )
             self._check_ttl()
             return handler
@@ -583,7 +594,7 @@ class App:
         poll_interval: float = 2.0,
         shutdown_grace: float = 30.0,
         prefetch: int | None = None,
-        batch_size: int = 1,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         batch_window: float = DEFAULT_BATCH_WINDOW,
         summary_interval: float = 60.0,
     ) -> Worker:

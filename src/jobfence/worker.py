@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
+from .config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from .harness import Harness, Outcome
 from .health import Health, register, unregister
 from .jobs import Delivery
@@ -78,7 +78,7 @@ class Worker:
         poll_interval: float = 2.0,
         shutdown_grace: float = 30.0,
         prefetch: int | None = None,
-        batch_size: int = 1,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         batch_window: float = DEFAULT_BATCH_WINDOW,
         summary_interval: float = 60.0,
     ) -> None:
@@ -123,7 +123,8 @@ class Worker:
         #: an INFO line with what happened every this many seconds (0: none)
         self.summary_interval = summary_interval
         #: jobs claimed beyond the free slots, held (with renewed leases) until a slot frees
-        self.prefetch = concurrency * batch_size if prefetch is None else prefetch
+        #: (None: concurrency × the jobs a batch takes now, see Harness.batch_limit)
+        self.prefetch = prefetch
         self._buffer: collections.deque[Delivery] = collections.deque()
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
@@ -280,8 +281,10 @@ class Worker:
                 continue
             try:
                 # claim for the free slots plus a prefetch, so one round trip feeds many jobs
-                free = (self.concurrency - len(self._inflight)) * self.batch_size
-                self._buffer.extend(await self._fetch(free + self.prefetch))
+                per_slot = harness.batch_limit(self.batch_size)
+                free = (self.concurrency - len(self._inflight)) * per_slot
+                prefetch = self.concurrency * per_slot if self.prefetch is None else self.prefetch
+                self._buffer.extend(await self._fetch(free + prefetch))
             except Exception:
                 log.exception("fetch failed; retrying shortly")
                 with contextlib.suppress(TimeoutError):
@@ -320,8 +323,8 @@ class Worker:
         handler_time = harness.handler_time
         if self.batch_size > 1 and harness.can_batch and handler_time is not None:
             size = max(size, int(self.batch_window / max(handler_time, 1e-6)))
-        size = max(1, min(self.batch_size, size, len(self._buffer)))
-        batch = [self._buffer.popleft() for _ in range(size)]
+        size = max(1, min(harness.batch_limit(self.batch_size), size, len(self._buffer)))
+        batch = harness.take(self._buffer, size)
         task = asyncio.create_task(harness.handle_batch(batch))
         self._inflight[task] = batch
         self._began[task] = time.monotonic()
