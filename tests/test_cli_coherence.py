@@ -211,6 +211,8 @@ LISTS = {
     "alerts list",
     "ops token list",
     "outbox list",
+    "jobs list",
+    "queues list",
 }
 
 
@@ -227,7 +229,7 @@ def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
     from .deadletters.conftest import letter_params, seed_letters
 
     url = sqlite_database
-    ids = asyncio.run(seed_letters(url, [letter_params("sqlite", f"j-{i}") for i in range(3)]))
+    ids = asyncio.run(seed_letters(url, [letter_params("sqlite", f"j-{i}") for i in range(4)]))
 
     async def seed_event() -> None:
         async with App(url) as app, app.db.transaction() as tx:
@@ -249,7 +251,18 @@ def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
         "ops token create": ["ops", "token", "create", "--name", "ann", "--role", "viewer"],
         "ops token list": ["ops", "token", "list"],
         "ops token revoke": ["ops", "token", "revoke", "ann"],
-        "dead-letters replay#bulk": ["dead-letters", "replay", "--all-pending", "--yes"],
+        "dead-letters replay#bulk": ["dead-letters", "replay", "--job-id", "j-2", "--yes"],
+        "dead-letters discard-matching": [
+            "dead-letters", "discard-matching", "--job-id", "j-3", "--reason", "r", "--yes",
+        ],
+        "enqueue#later": ["enqueue", "q", "--payload", "{}", "--delay", "1h"],
+        "jobs list": ["jobs", "list"],
+        "jobs show": ["jobs", "show", "1"],
+        "jobs retry-now": ["jobs", "retry-now", "4"],  # the delayed one
+        "jobs cancel": ["jobs", "cancel", "1", "--reason", "r"],
+        "queues pause": ["queues", "pause", "q"],
+        "queues list": ["queues", "list"],
+        "queues resume": ["queues", "resume", "q"],
         "dead-letters replay-report": ["dead-letters", "replay-report", "1"],
         "outbox list": ["outbox", "list"],
         "outbox show": ["outbox", "show", "evt-1"],
@@ -273,7 +286,7 @@ def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
             pytest.fail(f"jobfence {name} --json printed: {result.stdout!r}")
         assert all(isinstance(p, dict) for p in parsed), (name, result.stdout)
         if name in LISTS:
-            assert name != "dead-letters list" or len(parsed) == 3, result.stdout
+            assert name != "dead-letters list" or len(parsed) == 4, result.stdout
             assert name != "dead-letters audit" or len(parsed) >= 2, result.stdout
         else:
             assert len(parsed) == 1, (name, result.stdout)

@@ -117,10 +117,11 @@ class App:
     fence, and acks commit with the work. ``maintenance`` sets what workers do in the
     background: fence cleanup, alert delivery (:class:`~jobfence.maintenance.Maintenance`).
 
-    ``engine``: a SQLAlchemy ``AsyncEngine`` (``pip install 'jobfence[sqlalchemy]'``): each
-    job's transaction runs on it, and a handler gets an ORM session joined to it
-    (``async def handle(job, session: AsyncSession)``, or ``tx.session``); the database URL
-    defaults to the engine's. ``session_options`` go to each such ``AsyncSession``. See
+    ``engine``: a SQLAlchemy ``AsyncEngine`` or ``Engine`` (``pip install
+    'jobfence[sqlalchemy]'``): each job's transaction runs on it, and a handler gets an ORM
+    session joined to it (``async def handle(job, session: AsyncSession)`` or ``tx.session``;
+    on a synchronous engine ``def handle(job, session: Session)``, in a worker thread); the
+    database URL defaults to the engine's. ``session_options`` go to each such session. See
     docs/integrations/sqlalchemy.md.
     """
 
@@ -140,9 +141,11 @@ class App:
         maintenance: Maintenance | None = None,
     ) -> None:
         self._engine_work: Any = None
+        #: a synchronous engine's host (``def`` handlers with a ``Session``, in a thread)
+        self._session_host: Any = None
         if engine is not None:
             with extra_needed("sqlalchemy", "App(engine=…)"):
-                from .db.sqlalchemy import EngineWork
+                from .db.sqlalchemy import EngineWork, SessionHost, is_sync_engine
                 from .db.sqlalchemy import database_url as engine_url
             own = parse_database_url(engine_url(engine), schema)
             if database_url is not None and not _same_database(
@@ -154,9 +157,14 @@ class App:
                     "transaction of the handler's work; drop the URL, or pass the same database"
                 )
             database_url = database_url or engine_url(engine)
-            self._engine_work = EngineWork(
-                engine, schema=own.schema, session_options=session_options
-            )
+            if is_sync_engine(engine):
+                self._session_host = SessionHost(
+                    engine, schema=own.schema, session_options=session_options
+                )
+            else:
+                self._engine_work = EngineWork(
+                    engine, schema=own.schema, session_options=session_options
+                )
         self.url: DatabaseURL = parse_database_url(database_url, schema)
         if lease <= timedelta(0):
             raise ConfigurationError("lease must be a positive duration")
@@ -188,7 +196,8 @@ class App:
         and ``--schema`` do to an app given with ``--app``)."""
         if self.is_open:
             raise ConfigurationError("cannot change the database of an open app")
-        if self._engine_work is not None and (database_url is not None or schema is not None):
+        from_engine = self._engine_work is not None or self._session_host is not None
+        if from_engine and (database_url is not None or schema is not None):
             raise ConfigurationError(
                 "this app is built from a SQLAlchemy engine: its database is the engine's "
                 "(drop --database-url / --schema)"
@@ -246,6 +255,12 @@ class App:
             session = wants_session(handler)
             if session:
                 self._check_session_handler(queue, handler)
+            elif self._session_host is not None:
+                raise ConfigurationError(
+                    f"the handler of {queue!r}: on an app built from a synchronous Engine, "
+                    "handlers are `def handle(job, session: Session)` (annotate the session; "
+                    "raw SQL: session.execute(text(...)))"
+                )
             self.consumers[queue] = Consumer(
                 queue=queue,
                 name=name or queue,
@@ -253,6 +268,7 @@ class App:
                 decoder=decoder,
                 policy=policy,
                 wants_session=session,
+                host=self._session_host,
             )
             self._check_ttl()
             return handler
@@ -270,6 +286,8 @@ class App:
         return queue in self.consumers
 
     def _check_session_handler(self, queue: str, handler: Any) -> None:
+        if self._session_host is not None:
+            return  # SessionHost.check_handler refuses `async def`
         if self._engine_work is None:
             raise ConfigurationError(
                 f"the handler of {queue!r} takes an ORM session: build the app from your "

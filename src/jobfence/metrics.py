@@ -53,6 +53,11 @@ ALERTS_UNDELIVERED = Gauge(
     "jobfence_alert_deliveries_pending",
     "Alert deliveries not yet accepted by their sink (due later or being retried).",
 )
+QUEUE_PAUSED = Gauge(
+    "jobfence_queue_paused",
+    "1 for each queue paused by an operator (workers claim nothing from it until resumed).",
+    ["queue"],
+)
 
 
 class MetricsObserver(Observer):

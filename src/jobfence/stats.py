@@ -61,11 +61,13 @@ async def stats(
 
 
 async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None:
-    """Set the pending-review, queue-depth and undelivered-alert gauges (SPEC K1)."""
-    from .metrics import ALERTS_UNDELIVERED, PENDING_REVIEW, QUEUE_DEPTH
+    """Set the pending-review, queue-depth, paused-queue and undelivered-alert gauges
+    (SPEC K1; pauses: issue 14 §2)."""
+    from .metrics import ALERTS_UNDELIVERED, PENDING_REVIEW, QUEUE_DEPTH, QUEUE_PAUSED
 
     pending = await db.run("dl_pending_counts")
     depth = await (queue_db or db).run("queue_depth")
+    paused = await (queue_db or db).run("queue_pauses")
     undelivered = await db.run("alerts_undelivered")
     PENDING_REVIEW.clear()
     for row in pending:
@@ -73,4 +75,7 @@ async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None
     QUEUE_DEPTH.clear()
     for row in depth:
         QUEUE_DEPTH.labels(row["queue"], row["state"]).set(int(row["jobs"]))
+    QUEUE_PAUSED.clear()
+    for row in paused:
+        QUEUE_PAUSED.labels(row["queue"]).set(1)
     ALERTS_UNDELIVERED.set(int(undelivered[0]["deliveries"]))

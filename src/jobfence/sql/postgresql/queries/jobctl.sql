@@ -35,13 +35,16 @@ SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, 
 FROM core.jobs WHERE id = %(id)s
 
 -- name: job_lock
--- The job, locked for an operator's action (a worker's claim skips a locked row).
+-- The job, locked for an operator's action (a worker's claim skips a locked row). A row
+-- locked already is skipped, not waited for: a running job's attempt holds its row for as
+-- long as the handler works (its transaction acks it first), and an operator's cancel must
+-- answer at once ("running"), not wait for the handler.
 SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, worker_id,
        lease_expires_at, partner, octet_length(payload) AS payload_size,
        history -> -1 ->> 'error' AS last_error, history -> -1 ->> 'category' AS last_category,
        history <> '[]'::jsonb AS failed, payload, history, run_at > now() AS scheduled
 FROM core.jobs WHERE id = %(id)s
-FOR UPDATE
+FOR UPDATE SKIP LOCKED
 
 -- name: job_delete
 DELETE FROM core.jobs WHERE id = %(id)s AND state = 'available' RETURNING id
