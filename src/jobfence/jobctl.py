@@ -325,6 +325,7 @@ async def cancel_job(
                 "history": history_json(history),
                 "enqueued_at": row["enqueued_at"],
                 "partner": row["partner"],
+                "trace_context": row["trace_context"],
                 "actor": actor.name,
                 "reason": why,
             },

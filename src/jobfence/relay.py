@@ -29,6 +29,8 @@ from prometheus_client import Counter
 
 from .db import Database, Tx
 from .errors import Category, ConfigurationError, classify, describe, error_code
+from .health import Health, register, unregister
+from .metrics import RELAYS
 from .outbox import DEFAULT_RETENTION, PUBLISH_FAILED_RETRY, cleanup
 from .retry import RetryPolicy
 from .store import OutgoingJob
@@ -79,9 +81,17 @@ class OutboxEvent:
     payload: bytes
     attempts: int
     claim: Any = None
+    #: the W3C trace context of the event's ``create`` span; its job carries it
+    trace_context: str | None = None
 
     def job(self) -> OutgoingJob:
-        return OutgoingJob(self.queue, self.event_id, self.payload, self.correlation_id)
+        return OutgoingJob(
+            self.queue,
+            self.event_id,
+            self.payload,
+            self.correlation_id,
+            trace_context=self.trace_context,
+        )
 
 
 class RelayObserver:
@@ -170,6 +180,9 @@ class Relay:
         self._forced = False
         self._round: asyncio.Task[None] | None = None
 
+        #: what /livez and /readyz report for this relay (jobfence.health)
+        self.health = Health("relay")
+
     @property
     def direct(self) -> bool:
         """Whether a round is one statement (claim, queue as jobs, mark published): the
@@ -209,6 +222,7 @@ class Relay:
         """Stop after the current round (what SIGTERM/SIGINT does)."""
         self._stop.set()
         self._wake.set()
+        self.health.draining = True
 
     def force_stop(self) -> None:
         """Stop now (what a second SIGTERM/SIGINT does): the round in progress is cancelled.
@@ -257,7 +271,16 @@ class Relay:
 
     async def run(self, *, install_signal_handlers: bool = False) -> RelayStats:
         """Publish until :meth:`request_stop` (or SIGTERM/SIGINT with signal handlers)."""
-        await self.app.open()
+        self.health = Health("relay")
+        register(self.health)
+        try:
+            await self.app.open()
+        except BaseException:
+            unregister(self.health)
+            raise
+        RELAYS.inc()
+        watch = asyncio.create_task(self.health.watch(self.db), name="jobfence-relay-health")
+        self.health.started = True
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -284,6 +307,13 @@ class Relay:
                     raise
         finally:
             self._round = None
+
+            self.health.draining = True
+            unregister(self.health)
+            RELAYS.dec()
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
             if self._waiting and self.app.is_open:
                 await self._stop_waiting()
             if listener is not None:
@@ -405,6 +435,7 @@ class Relay:
                 payload=bytes(row["payload"]),
                 attempts=int(row["attempts"]),
                 claim=row["claim_token"],
+                trace_context=row["trace_context"],
             )
             for row in rows
         ]
@@ -425,6 +456,7 @@ class Relay:
         nothing — lost in a crash, the jobs and the marks go together and the events are
         relayed again. A job it queued is durably gone only after a worker's commit, which
         flushes the WAL up to it first."""
+        began = time.time_ns()
         async with self.db.transaction() as tx:
             await tx.execute("SET LOCAL synchronous_commit = off")
             rows = await tx.q(
@@ -444,6 +476,7 @@ class Relay:
                     correlation_id=row["correlation_id"],
                     payload=bytes(row["payload"] or b""),
                     attempts=int(row["attempts"]),
+                    trace_context=row["trace_context"],
                 )
                 for row in rows
             ]
@@ -452,6 +485,9 @@ class Relay:
         self.stats.rounds += 1
         if not events:
             return 0
+        traces = self.app.tracing
+        if traces is not None:
+            traces.end_spans(traces.relay_spans(events, self.app.transport.name, began))
         self.app.transport.wake()
         for observer in self.observers:
             try:
@@ -464,14 +500,20 @@ class Relay:
         return len(events)
 
     async def _publish(self, group: list[OutboxEvent]) -> None:
+        traces = self.app.tracing
+        spans = [] if traces is None else traces.relay_spans(group, self.app.transport.name)
         try:
             await asyncio.wait_for(
                 self.app.transport.publish([e.job() for e in group]),
                 timeout=self.publish_timeout.total_seconds(),
             )
         except Exception as exc:
+            if traces is not None:
+                traces.end_spans(spans, exc)
             await self._failed(group, exc)
             return
+        if traces is not None:
+            traces.end_spans(spans)
         for observer in self.observers:
             try:
                 await observer.published(group)

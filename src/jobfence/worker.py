@@ -20,10 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
+from .config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from .harness import Harness, Outcome
+from .health import Health, register, unregister
 from .jobs import Delivery
 from .maintenance import housekeeping
+from .metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
 from .threads import DaemonThreadPool
 
 if TYPE_CHECKING:
@@ -76,7 +78,7 @@ class Worker:
         poll_interval: float = 2.0,
         shutdown_grace: float = 30.0,
         prefetch: int | None = None,
-        batch_size: int = 1,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         batch_window: float = DEFAULT_BATCH_WINDOW,
         summary_interval: float = 60.0,
     ) -> None:
@@ -121,7 +123,8 @@ class Worker:
         #: an INFO line with what happened every this many seconds (0: none)
         self.summary_interval = summary_interval
         #: jobs claimed beyond the free slots, held (with renewed leases) until a slot frees
-        self.prefetch = concurrency * batch_size if prefetch is None else prefetch
+        #: (None: concurrency × the jobs a batch takes now, see Harness.batch_limit)
+        self.prefetch = prefetch
         self._buffer: collections.deque[Delivery] = collections.deque()
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
@@ -133,6 +136,9 @@ class Worker:
         self.wait_report_interval = 5.0
         #: jobs cancelled at the end of the grace or by a forced stop (rolled back, handed back)
         self.cancelled = 0
+
+        #: what /livez and /readyz report for this worker (jobfence.health)
+        self.health = Health("worker")
 
     def request_stop(self) -> None:
         """Stop fetching and shut down gracefully (what SIGTERM does): in-flight jobs get
@@ -149,6 +155,7 @@ class Worker:
             else:
                 log.info("shutdown requested: no job in flight")
         self._stop.set()
+        self.health.draining = True
         if self.app.is_open:
             self.app.transport.wake()
 
@@ -195,7 +202,14 @@ class Worker:
 
     async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
         app = self.app
-        await app.open(pool_size=self.concurrency + 4)
+        register(self.health)
+        try:
+            await app.open(pool_size=self.concurrency + 4)
+        except BaseException:
+            unregister(self.health)
+            raise
+        WORKERS.inc()
+        WORKER_SLOTS.inc(self.concurrency)
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -213,8 +227,10 @@ class Worker:
             executor=executor,
             fence_enabled=app._fence_enabled,
             work=app.work_source,
+            tracing=app.tracing,
         )
         background = [
+            asyncio.create_task(self.health.watch(app.db), name="jobfence-health"),
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
             asyncio.create_task(self._maintenance(), name="jobfence-maintenance"),
         ]
@@ -229,10 +245,16 @@ class Worker:
                 "transport": app.transport.name,
             },
         )
+        self.health.started = True
         try:
             await self._loop(harness)
+            self.health.draining = True
             await self._drain()
         finally:
+            self.health.draining = True
+            unregister(self.health)
+            WORKERS.dec()
+            WORKER_SLOTS.dec(self.concurrency)
             for task in background:
                 task.cancel()
             for task in background:
@@ -259,8 +281,10 @@ class Worker:
                 continue
             try:
                 # claim for the free slots plus a prefetch, so one round trip feeds many jobs
-                free = (self.concurrency - len(self._inflight)) * self.batch_size
-                self._buffer.extend(await self._fetch(free + self.prefetch))
+                per_slot = harness.batch_limit(self.batch_size)
+                free = (self.concurrency - len(self._inflight)) * per_slot
+                prefetch = self.concurrency * per_slot if self.prefetch is None else self.prefetch
+                self._buffer.extend(await self._fetch(free + prefetch))
             except Exception:
                 log.exception("fetch failed; retrying shortly")
                 with contextlib.suppress(TimeoutError):
@@ -299,15 +323,18 @@ class Worker:
         handler_time = harness.handler_time
         if self.batch_size > 1 and harness.can_batch and handler_time is not None:
             size = max(size, int(self.batch_window / max(handler_time, 1e-6)))
-        size = max(1, min(self.batch_size, size, len(self._buffer)))
-        batch = [self._buffer.popleft() for _ in range(size)]
+        size = max(1, min(harness.batch_limit(self.batch_size), size, len(self._buffer)))
+        batch = harness.take(self._buffer, size)
         task = asyncio.create_task(harness.handle_batch(batch))
         self._inflight[task] = batch
         self._began[task] = time.monotonic()
+        WORKER_INFLIGHT.inc(len(batch))
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[list[Outcome]]) -> None:
-        self._inflight.pop(task, None)
+        batch = self._inflight.pop(task, None)
+        if batch is not None:
+            WORKER_INFLIGHT.dec(len(batch))
         self._began.pop(task, None)
         if task.cancelled():
             return

@@ -33,7 +33,9 @@ from ._common import (
     log_options,
     main_group,
     make_app,
+    metrics_options,
     run,
+    serve_probes,
     transport_option,
 )
 
@@ -85,6 +87,7 @@ from ._common import (
     show_default=True,
     help="With --with-worker: jobs the worker processes at once.",
 )
+@metrics_options
 @log_options
 def relay(
     app_spec: str | None,
@@ -95,6 +98,9 @@ def relay(
     retention: timedelta,
     with_worker: bool,
     concurrency: int,
+    metrics_port: int | None,
+    metrics_host: str,
+    liveness_timeout: timedelta,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -116,6 +122,7 @@ def relay(
         poll_interval=poll_interval.total_seconds() if poll_interval else None,
         retention=retention,
     )
+    serve_probes(metrics_port, metrics_host, liveness_timeout)
 
     async def go() -> None:
         try:

@@ -65,6 +65,38 @@ def control_statement(sql: str) -> str | None:
     return verb
 
 
+#: statements whose effect lasts to the end of the transaction rather than the job's
+#: savepoint: in a group commit they would reach the batch's later jobs (SET LOCAL,
+#: set_config(…, true)), hold locks to the batch's commit (advisory xact locks, LOCK TABLE), or
+#: cannot run in pipeline mode (COPY); see :func:`wide_statement`
+_WIDE = re.compile(
+    r"""(?P<what>\bset\s+local\b|\bset_config\s*\(|\bpg_(?:try_)?advisory_xact_lock
+        |(?:\A|;)\s*(?:lock|copy)\b)""",
+    re.IGNORECASE | re.VERBOSE,
+)
+
+
+def wide_statement(sql: str) -> str | None:
+    """What in ``sql`` takes transaction-wide state (``"SET LOCAL"``, ``"LOCK"``…), else None.
+    Screened only for jobs that share a group-commit transaction: such a job must run in a
+    transaction of its own. Text screening: a match inside a string literal costs a re-run,
+    never a wrong result."""
+    match = _WIDE.search(sql)
+    if match is None:
+        return None
+    return " ".join(match["what"].lstrip(";").split()).rstrip("(").strip().upper()
+
+
+def needs_isolation(what: str) -> TransactionBoundaryError:
+    return TransactionBoundaryError(
+        f"the handler ran {what} inside a group-commit transaction, whose effect would last "
+        "beyond its job to the batch's commit; the batch was rolled back and its jobs run "
+        "again, each in a transaction of its own (declare the consumer isolated=True to "
+        "skip this)",
+        code="TX_NEEDS_ISOLATION",
+    )
+
+
 def refusal(verb: str) -> TransactionBoundaryError:
     return TransactionBoundaryError(
         f"the handler ran {verb} on the transaction jobfence lent it; jobfence owns that "
@@ -91,15 +123,32 @@ class TxGuard:
     #: (savepoint depth, description) of statements that failed while the handler ran
     failures: list[tuple[int, str]] = field(default_factory=list)
     depth: int = 0
+    #: the transaction is shared by a group commit's jobs: statements with transaction-wide
+    #: effects are refused (the job needs a transaction of its own), and ``pipeline`` (the
+    #: driver's pipeline, if any) is synced after each of the handler's statements
+    batched: bool = False
+    pipeline: Any = None
+    #: the transaction-wide statement a batched job tried (see :func:`wide_statement`)
+    isolation: str | None = None
 
     def screen(self, sql: str) -> None:
-        """Refuse a transaction-control statement while the handler runs."""
+        """Refuse a transaction-control statement while the handler runs (and, in a group
+        commit, one with transaction-wide effects)."""
         if not self.active:
             return
         verb = control_statement(sql)
         if verb is not None:
             self.refused = self.refused or verb
             raise refusal(verb)
+        if self.batched:
+            wide = wide_statement(sql)
+            if wide is not None:
+                self.wide(wide)
+
+    def wide(self, what: str) -> None:
+        """A batched job tried something that needs a transaction of its own."""
+        self.isolation = self.isolation or what
+        raise needs_isolation(what)
 
     def outside(self, how: str) -> None:
         """A handler's statement would run after its transaction ended (and so commit on its
@@ -122,6 +171,8 @@ class TxGuard:
 
     def problem(self, *, track_failures: bool) -> TransactionBoundaryError | None:
         """Why the transaction must not be committed, as seen from the client side."""
+        if self.isolation is not None:
+            return needs_isolation(self.isolation)
         if self.refused is not None:
             return refusal(self.refused)
         if self.ended is not None:
@@ -163,12 +214,14 @@ def let_go(how: str) -> TransactionBoundaryError:
 
 
 class BatchLost(Exception):
-    """A handler ended a whole group-commit transaction (or released past its savepoint):
-    no job of the batch committed; the harness runs each of them again on its own."""
+    """A handler ended a whole group-commit transaction (or released past its savepoint, or
+    took transaction-wide state: ``isolate`` names what): no job of the batch committed; the
+    harness runs each of them again on its own."""
 
-    def __init__(self, problem: TransactionBoundaryError) -> None:
+    def __init__(self, problem: TransactionBoundaryError, isolate: str | None = None) -> None:
         super().__init__(str(problem))
         self.problem = problem
+        self.isolate = isolate
 
 
 _savepoints = itertools.count(1)

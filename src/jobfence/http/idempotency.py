@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+from .. import tracing
 from ..config import parse_database_url
 from ..db import Database, connect, to_datetime
 from ..errors import ConfigurationError, extra_needed
@@ -154,6 +155,8 @@ class IdempotencyMiddleware:
         self.one_transaction = one_transaction
         self._next_cleanup = 0.0
         self._background: set[asyncio.Task[Any]] = set()
+        #: the span of each keyed request (docs/tracing.md); None without the otel extra
+        self._tracing = tracing.get()
         if isinstance(database, str):
             parse_database_url(database)  # a bad URL fails at start-up, in one line
 
@@ -189,11 +192,26 @@ class IdempotencyMiddleware:
         if partner_id is None:
             await self.app(scope, receive, send)
             return
+        if self._tracing is None:
+            await self._keyed(scope, receive, send, partner_id)
+            return
+        carrier = {n.decode("latin-1"): v.decode("latin-1") for n, v in scope["headers"]}
+        with self._tracing.idempotency(scope["method"], scope["path"], carrier):
+            await self._keyed(scope, receive, send, partner_id)
+
+    def _note(self, outcome: str) -> None:
+        """What the middleware did with a keyed request, on its span: ``executed``,
+        ``replayed``, ``in_flight``, ``mismatch``, ``bad_key``, ``too_large``."""
+        if self._tracing is not None:
+            self._tracing.idempotency_outcome(outcome)
+
+    async def _keyed(self, scope: Scope, receive: Receive, send: Send, partner_id: str) -> None:
         headers = [(name.decode("latin-1"), value) for name, value in scope["headers"]]
         values = [v.decode("latin-1") for n, v in headers if n in (HEADER, X_HEADER)]
         try:
             key = parse_key(values)
         except KeyProblem as exc:
+            self._note("bad_key")
             title = (
                 "Idempotency key missing" if exc.code == MISSING else "Malformed idempotency key"
             )
@@ -204,6 +222,7 @@ class IdempotencyMiddleware:
         except _Disconnected:
             return
         except ValueError:
+            self._note("too_large")
             await _send_problem(
                 send,
                 413,
@@ -230,6 +249,7 @@ class IdempotencyMiddleware:
                     partner_id, key, fingerprint, lease=self.lease, window=self.window
                 )
                 if claimed is not None:
+                    self._note("executed")
                     token, expires_at = claimed
                     context = IdempotencyContext(partner_id, key, fingerprint, expires_at)
                     await self._run(scope, body, send, store, context, token)
@@ -238,6 +258,7 @@ class IdempotencyMiddleware:
             if row is None or row["expired"]:
                 continue  # deleted or expired in between: claim again
             if row["fingerprint"] != fingerprint:
+                self._note("mismatch")
                 await _send_problem(
                     send,
                     409,
@@ -248,6 +269,7 @@ class IdempotencyMiddleware:
                 )
                 return
             if row["state"] == "in_progress":
+                self._note("in_flight")
                 await _send_problem(
                     send,
                     409,
@@ -258,6 +280,7 @@ class IdempotencyMiddleware:
                     extra_headers=[(b"retry-after", b"1")],
                 )
                 return
+            self._note("replayed")
             await _send_replay(send, stored_response(row))
             return
         raise RuntimeError("idempotency key kept changing state; giving up on this request")
@@ -354,6 +377,7 @@ class IdempotencyMiddleware:
             async with store.db.work(["idempotency_claim"], params) as (tx, results):
                 if not results[0]:
                     raise _NotClaimed
+                self._note("executed")
                 claim = results[0][0]
                 token = str(claim["lease_token"])
                 context = IdempotencyContext(
