@@ -41,6 +41,8 @@ DURATION_FLAGS = {
     ("relay", "--retention"),
     ("outbox cleanup", "--retention"),
     ("ops serve", "--session-ttl"),
+    ("worker", "--liveness-timeout"),
+    ("relay", "--liveness-timeout"),
 }
 #: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
 #: and the demo, which runs on a temporary database of its own
