@@ -11,7 +11,7 @@ from typing import Any, cast
 import click
 
 from ..app import App
-from ..config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, check_schema_name
+from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, check_schema_name
 from ..jobs import check_job_id, check_queue
 from ..sql import DEFAULT_SCHEMA, Dialect
 from ._common import (
@@ -26,7 +26,9 @@ from ._common import (
     log_options,
     main_group,
     make_app,
+    metrics_options,
     run,
+    serve_probes,
     transport_option,
 )
 
@@ -113,30 +115,17 @@ def _migration_sql(database_url: str | None, dialect: str | None, after: int) ->
     show_default=True,
     help="Jobs processed at once.",
 )
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    envvar="JOBFENCE_METRICS_PORT",
-    show_envvar=True,
-    default=None,
-    help="Serve Prometheus /metrics on this port (default: not served).",
-)
-@click.option(
-    "--metrics-host",
-    envvar="JOBFENCE_METRICS_HOST",
-    show_envvar=True,
-    default="127.0.0.1",
-    show_default=True,
-    help="Address /metrics listens on (0.0.0.0 in a container).",
-)
+@metrics_options
 @click.option(
     "--batch-size",
     type=click.IntRange(1, MAX_BATCH_SIZE),
     envvar="JOBFENCE_BATCH_SIZE",
     show_envvar=True,
-    default=1,
+    default=DEFAULT_BATCH_SIZE,
     show_default=True,
-    help="Group commit: jobs per transaction, each in its own savepoint (PostgreSQL queue).",
+    help="Group commit: up to this many jobs per transaction, each in its own savepoint "
+    "(PostgreSQL queue in the fence's database; consumers declared isolated=True excepted). "
+    "1: one transaction per job.",
 )
 @click.option(
     "--batch-window",
@@ -163,7 +152,8 @@ def _migration_sql(database_url: str | None, dialect: str | None, after: int) ->
     show_envvar=True,
     default="30s",
     show_default=True,
-    help="How long in-flight jobs get to finish after SIGTERM.",
+    help="How long in-flight jobs get to finish after SIGTERM/SIGINT; a second signal cancels "
+    "them at once (rolled back, redelivered).",
 )
 @click.option(
     "--summary-interval",
@@ -184,6 +174,7 @@ def worker(
     concurrency: int,
     metrics_port: int | None,
     metrics_host: str,
+    liveness_timeout: timedelta,
     batch_size: int,
     batch_window: timedelta,
     prefetch: int | None,
@@ -194,7 +185,6 @@ def worker(
 ) -> None:
     """Run a worker for APP (module:attribute, e.g. myapp:app) until SIGTERM."""
     from .. import logs
-    from ..metrics import serve_metrics
 
     logs.configure(log_level, log_format)
     app = make_app(database_url, transport, app_spec=app_spec, create=True)
@@ -207,13 +197,7 @@ def worker(
         batch_window=batch_window.total_seconds(),
         summary_interval=summary_interval.total_seconds(),
     )
-    if metrics_port:
-        try:
-            serve_metrics(metrics_port, metrics_host)
-        except OSError as exc:
-            raise click.UsageError(
-                f"cannot serve metrics on {metrics_host}:{metrics_port}: {exc}"
-            ) from None
+    serve_probes(metrics_port, metrics_host, liveness_timeout)
 
     async def go() -> None:
         try:
