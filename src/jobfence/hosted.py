@@ -15,6 +15,8 @@ host only provides the transaction.
 
 from __future__ import annotations
 
+import os
+import threading
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -50,6 +52,19 @@ class WorkHost(Protocol):
 
     def check_handler(self, handler: Callable[..., Any], *, is_async: bool) -> None:
         """Refuse, at registration, a handler this host cannot run (e.g. ``async def``)."""
+
+
+_writers: dict[str, threading.Lock] = {}
+_writers_lock = threading.Lock()
+
+
+def sqlite_writer(path: str) -> threading.Lock:
+    """The process's lock for writing the SQLite file ``path``: a host's threads take it
+    around each job's transaction and queue on it in turn, instead of polling SQLite's busy
+    handler (which sleeps in growing steps, and let one writer starve the others)."""
+    key = os.path.realpath(path)
+    with _writers_lock:
+        return _writers.setdefault(key, threading.Lock())
 
 
 class _Lost(Exception):
