@@ -40,8 +40,9 @@ async def test_database_gauges_read_the_backlogs(database_url: str) -> None:
             await outbox.write(tx, "gauge.out", {"n": 4}, event_id="e1")
         await refresh_gauges(app.db, app.queue_db)
 
-    assert value("jobfence_queue_due_jobs", queue="gauge.a") == 2
-    assert value("jobfence_queue_due_jobs", queue="gauge.b") is None  # not due for an hour
+    # gauge.b's only job is not due for an hour: it has not waited at all
+    assert value("jobfence_queue_oldest_due_job_age_seconds", queue="gauge.b") is None
+    assert value("jobfence_queue_depth", queue="gauge.a", state="available") == 2
     assert value("jobfence_queue_depth", queue="gauge.b", state="available") == 1
     oldest = value("jobfence_queue_oldest_due_job_age_seconds", queue="gauge.a")
     assert oldest is not None

@@ -62,7 +62,7 @@ async def stats(
 
 async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None:
     """Set the database gauges (SPEC K1; docs/metrics.md): letters pending review, queue
-    depth, due jobs and the oldest one's wait, paused queues, the outbox backlog, the fence
+    depth, the oldest due job's wait, paused queues, the outbox backlog, the fence
     table's size and undelivered alerts. Every query reads a backlog through a partial index
     or the catalogue; all are read before any gauge changes, so a scrape never sees half. A
     query that fails (a role without a grant, say) leaves its gauges as they were and the
@@ -95,10 +95,8 @@ async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None
         for row in rows["queue_depth"]:
             m.QUEUE_DEPTH.labels(row["queue"], row["state"]).set(int(row["jobs"]))
     if "gauge_queue_lag" in rows:
-        m.QUEUE_DUE.clear()
         m.QUEUE_OLDEST_DUE.clear()
         for row in rows["gauge_queue_lag"]:
-            m.QUEUE_DUE.labels(row["queue"]).set(int(row["due"]))
             oldest = max(0.0, float(row["oldest_due_s"] or 0))
             m.QUEUE_OLDEST_DUE.labels(row["queue"]).set(oldest)
     if "queue_pauses" in rows:
