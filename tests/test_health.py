@@ -158,6 +158,7 @@ async def test_worker_probes_follow_the_database_a_stuck_loop_and_sigterm(
         # SIGTERM with a job in flight: draining, so not ready; still alive
         await _enqueue(pg_ledger, "slow-1", {"mode": "sleep", "seconds": 60})
         wait_until(lambda: (tmp_path / "slow-1.started.1").exists(), what="slow job running")
+        wait_until(lambda: "jobfence_worker_inflight_jobs 1.0" in scrape(port), what="in flight")
         proc.send_signal(signal.SIGTERM)
         expect(port, "/readyz", 503, "draining")
         assert probe(port, "/livez")[0] == 200
