@@ -74,8 +74,13 @@ JOBFENCE_NOFENCE = Variant(
     ("--concurrency", JF_CONCURRENCY, "--batch-size", JF_BATCH, "--no-fence"),
 )
 JOBFENCE_SINGLE = Variant(
-    "jobfence", "jobfence (fence, one job per tx)", ("--concurrency", JF_CONCURRENCY)
+    "jobfence",
+    "jobfence (fence, one job per tx)",
+    ("--concurrency", JF_CONCURRENCY, "--batch-size", "1"),
 )
+#: what a user gets with no tuning flag at all (concurrency 10, group commit of up to 50)
+JOBFENCE_DEFAULT = Variant("jobfence", "jobfence (defaults: no flags)", ())
+JOBFENCE_DEFAULT_NOFENCE = Variant("jobfence", "jobfence (defaults, no fence)", ("--no-fence",))
 PROCRASTINATE = Variant("procrastinate", "Procrastinate (c=32)", ("--concurrency", "32"))
 PGQUEUER = [
     Variant("pgqueuer", f"PGQueuer (batch {b})", ("--batch-size", str(b), "--managers", "2"))
@@ -358,6 +363,7 @@ def jobfence_paths(command_name: str, n: int, *extra: str) -> dict[str, Any]:
 WORKLOADS = {
     "durable": "durable-effect throughput (one INSERT committed before the ack)",
     "noop": "no-op throughput (empty handler; jobfence still writes its fence)",
+    "fence": "the fence's cost at the defaults: paired runs with and without it",
     "latency": "enqueue → effect latency at a steady rate, and idle wake-up",
     "duplicates": "duplicate storm (50 % duplicate job_ids), jobfence",
     "bulk": "bulk enqueue in one caller transaction",
@@ -374,6 +380,7 @@ WORKLOADS = {
 ROW_PREFIXES = {
     "durable": ("durable",),
     "noop": ("noop",),
+    "fence": ("fence cost",),
     "latency": ("latency", "idle wake-up"),
     "duplicates": ("duplicate storm",),
     "bulk": ("bulk enqueue",),
@@ -426,9 +433,9 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
         if workload not in only:
             continue
         fixed = (
-            [PGBENCH, JOBFENCE, JOBFENCE_NOFENCE, JOBFENCE_SINGLE]
+            [PGBENCH, JOBFENCE_DEFAULT, JOBFENCE, JOBFENCE_NOFENCE, JOBFENCE_SINGLE]
             if workload == "durable"
-            else [JOBFENCE, JOBFENCE_SINGLE]
+            else [JOBFENCE_DEFAULT, JOBFENCE, JOBFENCE_SINGLE]
         )
         sweeps = [PGQUEUER, CELERY] if peers_ok else []
         slow = [PROCRASTINATE] if peers_ok else []
@@ -448,6 +455,8 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
                     f"{workload} {i + 1}/{args.repeat} {v.label}: {d.jobs_per_s:,.0f} jobs/s, "
                     f"{d.cpu_per_1k:.2f} CPU s/1k, RSS {d.rss_start_mb:.0f}→{d.rss_max_mb:.0f} MB"
                 )
+    if "fence" in only:
+        fence_cost(args, results, n_tp, step)
     if "latency" in only:
         seconds = max(2.0, args.latency_seconds * min(1.0, scale * 4))
         steady = [JOBFENCE]
@@ -578,6 +587,43 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
                 step(f"transports {i + 1}/{args.repeat} {label}: {d.jobs_per_s:,.0f} jobs/s")
 
 
+#: paired runs of the fence-cost workload (at least)
+FENCE_PAIRS = 7
+
+
+def fence_cost(
+    args: argparse.Namespace, results: Results, n: int, step: Callable[[str], None]
+) -> None:
+    """The fence's cost at the defaults: back-to-back pairs (with and without the fence, the
+    order alternating), so that each pair sees the same load; the cost is read per pair, in
+    throughput and in CPU per job (worker + server), and the median pair and the spread of
+    the pairs are reported."""
+    pairs = max(FENCE_PAIRS, args.repeat)
+    for i in range(pairs):
+        order = [JOBFENCE_DEFAULT, JOBFENCE_DEFAULT_NOFENCE]
+        if i % 2:
+            order.reverse()
+        got = {v.label: throughput(v, "durable", n) for v in order}
+        fenced, bare = got[JOBFENCE_DEFAULT.label], got[JOBFENCE_DEFAULT_NOFENCE.label]
+        for label, d in got.items():
+            results.add_drain("fence cost", label, d)
+            results.get("fence cost", label).note = f"{n:,} jobs"  # type: ignore[union-attr]
+        slower = bare.jobs_per_s / fenced.jobs_per_s - 1
+        cpu = (fenced.cpu_per_1k + fenced.server_cpu_per_1k) / (
+            bare.cpu_per_1k + bare.server_cpu_per_1k
+        ) - 1
+        results.row("fence cost: per pair", "time per job, fence vs none", "%").values.append(
+            100 * slower
+        )
+        results.row("fence cost: per pair", "CPU per job, fence vs none", "%").values.append(
+            100 * cpu
+        )
+        step(
+            f"fence {i + 1}/{pairs}: {fenced.jobs_per_s:,.0f} vs {bare.jobs_per_s:,.0f} jobs/s "
+            f"({slower:+.1%} time per job, {cpu:+.1%} CPU per job)"
+        )
+
+
 # -- the table -------------------------------------------------------------------------------
 
 BASELINES = {
@@ -592,8 +638,8 @@ def _fmt(value: float, unit: str) -> str:
         return "—"
     if unit == "ms/req":
         return f"{value:,.2f}"
-    if unit == "ms":
-        return f"{value:,.1f}"
+    if unit in ("ms", "%"):
+        return f"{value:+,.1f}" if unit == "%" else f"{value:,.1f}"
     return f"{value:,.0f}"
 
 
@@ -610,6 +656,8 @@ def baseline_for(results: Results, r: Row) -> Row | None:
     rows = [x for (wl, _), x in results.rows.items() if wl == w]
     if w == "duplicate storm":
         return results.get(w, "jobfence (fence), no duplicates")
+    if w == "fence cost":
+        return results.get(w, JOBFENCE_DEFAULT_NOFENCE.label)
     if w in ("bulk enqueue", "dead-letter replay", "outbox relay", "transports (durable)"):
         return rows[-1] if w != "transports (durable)" else rows[0]
     return None
@@ -648,7 +696,7 @@ def render(results: Results) -> tuple[Table, list[list[str]]]:
             r.workload if r.workload != last else "",
             r.label + (f" · {r.note}" if r.note else ""),
             f"{_fmt(r.median, r.unit)} {r.unit}",
-            f"{spread(r.values, 1 if r.unit == 'ms' else 0)} ({len(r.values)})"
+            f"{spread(r.values, 1 if r.unit in ('ms', '%') else 0)} ({len(r.values)})"
             if len(r.values) > 1
             else "(1)",
             f"{median(r.cpu):.2f}" if r.cpu else "",
@@ -709,6 +757,7 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
             out.append(
                 ("worker RSS < 150 MB over the run", f"max {top:.0f} MB", verdict(top < 150))
             )
+    out += defaults_targets(results, verdict)
     noop = results.get("noop", JOBFENCE.label)
     best_pgq = results.best("noop", "PGQueuer")
     if noop and best_pgq:
@@ -728,6 +777,52 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
                 verdict(p99.median < 100),
             )
         )
+    return out
+
+
+def defaults_targets(
+    results: Results, verdict: Callable[[bool], str]
+) -> list[tuple[str, str, str]]:
+    """Issue 16 §2: the defaults (no tuning flag) at the physical limit; the fence's cost;
+    the outbox relay."""
+    out: list[tuple[str, str, str]] = []
+    df = results.get("durable", JOBFENCE_DEFAULT.label)
+    if df:
+        pg = results.get("durable", PGBENCH.label)
+        if pg:
+            x = df.median / pg.median
+            out.append(("defaults: ≥ 1.0× pgbench, same transaction", f"{x:.2f}×", verdict(x >= 1)))
+        peers = [
+            r
+            for (w, label), r in results.rows.items()
+            if w == "durable" and not label.startswith(("jobfence", "pgbench"))
+        ]
+        if peers:
+            best = max(peers, key=lambda r: r.median)
+            x = df.median / best.median
+            out.append(
+                (
+                    f"defaults: ≥ 1.5× the best peer's best setting ({best.label})",
+                    f"{x:.2f}×",
+                    verdict(x >= 1.5),
+                )
+            )
+    for label in ("time per job, fence vs none", "CPU per job, fence vs none"):
+        pair = results.get("fence cost: per pair", label)
+        if pair and pair.values:
+            m = median(pair.values)
+            out.append(
+                (
+                    f"the fence costs ≤ 5 % ({label.split(',')[0]}, median of "
+                    f"{len(pair.values)} pairs)",
+                    f"{m:+.1f} % ({min(pair.values):+.1f} … {max(pair.values):+.1f})",
+                    verdict(m <= 5),
+                )
+            )
+    relay = [r for (w, _), r in results.rows.items() if w == "outbox relay"]
+    if len(relay) == 2 and relay[1].median:
+        x = relay[0].median / relay[1].median
+        out.append(("outbox relay ≥ 0.5× enqueue_many", f"{x:.2f}×", verdict(x >= 0.5)))
     return out
 
 

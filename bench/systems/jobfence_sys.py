@@ -2,8 +2,8 @@
 
     python bench/systems/jobfence_sys.py setup    URL
     python bench/systems/jobfence_sys.py enqueue  URL N [--dup 0.5]
-    python bench/systems/jobfence_sys.py worker   URL --mode durable|noop [--concurrency 16]
-                                                  [--no-fence] [--transport URL]
+    python bench/systems/jobfence_sys.py worker   URL --mode durable|noop [--concurrency N]
+                                                  [--batch-size N] [--no-fence] [--transport URL]
     python bench/systems/jobfence_sys.py produce  URL --rate 1000 --seconds 10
 
 The durable effect is one INSERT into ``bench_effects`` inside the handler's transaction, so
@@ -83,15 +83,27 @@ async def enqueue(url: str, n: int, dup: float, transport: str | None) -> None:
 
 
 async def worker(
-    url: str, mode: str, concurrency: int, batch: int, fence: bool, transport: str | None
+    url: str,
+    mode: str,
+    concurrency: int | None,
+    batch: int | None,
+    fence: bool,
+    transport: str | None,
 ) -> None:
+    """A worker with the library's defaults except what is given (None: the default, as a
+    user who passes no flag gets it)."""
     app = make_app(url, mode, transport)
     app._fence_enabled = fence
-    w = app.worker(concurrency=concurrency, poll_interval=2.0, batch_size=batch)
+    settings: dict[str, Any] = {}
+    if concurrency is not None:
+        settings["concurrency"] = concurrency
+    if batch is not None:
+        settings["batch_size"] = batch
+    w = app.worker(poll_interval=2.0, **settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, w.request_stop)
-    await app.open(pool_size=concurrency + 4)
+    await app.open(pool_size=w.concurrency + 4)
     say(ready=True)
     stats = await w.run()
     await app.close()
@@ -242,9 +254,14 @@ def main() -> None:
     parser.add_argument("n", type=int, nargs="?", default=0)
     parser.add_argument("--dup", type=float, default=0.0)
     parser.add_argument("--mode", choices=["durable", "noop"], default="durable")
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=None, help="default: the library's")
     parser.add_argument("--no-fence", action="store_true")
-    parser.add_argument("--batch-size", type=int, default=1, help="group commit: jobs per tx")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="group commit: jobs per tx (default: the library's)",
+    )
     parser.add_argument("--transport", default=None)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=10.0)

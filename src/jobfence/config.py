@@ -19,6 +19,13 @@ DEFAULT_DATABASE_URL = "sqlite:///jobfence.db"
 #: ids of 64 subtransactions per backend before snapshots overflow to pg_subtrans
 MAX_BATCH_SIZE = 64
 
+#: group commit by default: up to this many jobs share a transaction, each in its own
+#: savepoint, where the queue is a table in the fence's database (docs/benchmarks.md: one
+#: commit for many jobs is what reaches pgbench's one-job transaction and beyond). A consumer
+#: declared ``isolated=True`` (or seen taking transaction-wide state) gets one transaction
+#: per job; ``batch_size=1`` turns group commit off
+DEFAULT_BATCH_SIZE = 50
+
 #: group commit without a backlog: jobs that are ready together share a transaction while
 #: their handlers, run one after the other, are expected to take no longer than this many
 #: seconds (from the recent time a handler takes); slower handlers get a transaction each

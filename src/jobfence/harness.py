@@ -17,6 +17,7 @@ fence on redelivery.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import enum
 import inspect
@@ -24,6 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -47,9 +49,18 @@ from .jobs import Delivery, Job
 from .letters import DEFAULT_PAYLOAD_LIMIT
 from .observers import Observers
 from .retry import Decision, RetryPolicy
+from .tracing import Tracing
 from .transports import Transport
 
 log = logging.getLogger("jobfence.harness")
+
+#: a group-commit transaction is expected to stay open about this long at most: under a
+#: backlog, a batch holds at most this many seconds of handler time (from the recent handler
+#: time), so slow handlers (an HTTP call each) do not keep their work, their locks and the
+#: jobs after them waiting on one long transaction. Generous on purpose: the handler time is
+#: wall time, and a loaded machine stretches it for fast handlers too; smaller batches then
+#: would cost more CPU per job exactly when CPU is short
+BATCH_SPAN = 2.0
 
 Handler = Callable[[Job[Any], Any], Awaitable[None] | None]
 
@@ -76,6 +87,8 @@ class Consumer:
     wants_session: bool = False
     #: an integration that runs the work in its own transaction (:mod:`jobfence.hosted`)
     host: hosted.WorkHost | None = None
+    #: never share a group-commit transaction: each job gets one of its own
+    isolated: bool = False
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -118,6 +131,7 @@ class Harness:
         executor: Executor | None = None,
         fence_enabled: bool = True,
         work: WorkSource | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.consumers = consumers
         self.db = db
@@ -129,9 +143,14 @@ class Harness:
         self.payload_limit = payload_limit
         self.executor = executor
         self.fence_enabled = fence_enabled
+        #: each delivery's ``process`` span (docs/tracing.md); None: no tracing work at all
+        self.tracing = tracing
         #: recent time a handler call takes (EWMA, seconds; None until one ran): the worker
         #: groups ready jobs into one transaction only while handlers are fast
         self.handler_time: float | None = None
+        #: consumers seen holding transaction-wide state in a batch (SET LOCAL, advisory or
+        #: table locks, COPY): from then on their jobs run one per transaction
+        self.learned_isolated: set[str] = set()
 
     async def _screen(self, delivery: Delivery) -> tuple[Consumer, Job[Any]] | Outcome:
         """Everything decided before a transaction: unknown queue, attempts exhausted by lost
@@ -172,7 +191,18 @@ class Harness:
         return consumer, job
 
     async def handle(self, delivery: Delivery) -> Outcome:
-        """One delivery in its own transaction."""
+        """One delivery in its own transaction (in its ``process`` span when tracing)."""
+        if self.tracing is None:
+            return await self._handle(delivery)
+        consumer = self.consumers.get(delivery.queue)
+        with self.tracing.process(
+            delivery, self.transport.name, consumer.name if consumer else None
+        ) as span:
+            outcome = await self._handle(delivery)
+            self.tracing.outcome(span, outcome.value)
+            return outcome
+
+    async def _handle(self, delivery: Delivery) -> Outcome:
         screened = await self._screen(delivery)
         if isinstance(screened, Outcome):
             return screened
@@ -273,6 +303,36 @@ class Harness:
             and self.db.supports_batch
         )
 
+    def groups(self, delivery: Delivery) -> bool:
+        """Whether ``delivery`` may share a group-commit transaction: its consumer is known,
+        not declared ``isolated`` and not seen needing a transaction of its own."""
+        consumer = self.consumers.get(delivery.queue)
+        return (
+            consumer is not None
+            and not consumer.isolated
+            and consumer.name not in self.learned_isolated
+        )
+
+    def batch_limit(self, batch_size: int) -> int:
+        """The most jobs one batch takes now: ``batch_size`` where group commit is possible
+        (else 1), and no more than :data:`BATCH_SPAN` seconds of recent handler time."""
+        if batch_size <= 1 or not self.can_batch:
+            return 1
+        if self.handler_time is not None:
+            batch_size = min(batch_size, max(1, int(BATCH_SPAN / max(self.handler_time, 1e-6))))
+        return batch_size
+
+    def take(self, buffer: collections.deque[Delivery], size: int) -> list[Delivery]:
+        """The next batch from the front of ``buffer``: up to ``size`` deliveries that may
+        share a transaction, or the first delivery alone when it may not (an isolated
+        consumer, no group commit)."""
+        if size <= 1 or not self.can_batch or not self.groups(buffer[0]):
+            return [buffer.popleft()]
+        batch = [buffer.popleft()]
+        while buffer and len(batch) < size and self.groups(buffer[0]):
+            batch.append(buffer.popleft())
+        return batch
+
     async def handle_batch(self, deliveries: list[Delivery]) -> list[Outcome]:
         """Group commit: several deliveries in one transaction, each job in its own savepoint.
 
@@ -285,14 +345,22 @@ class Harness:
             return [await self.handle(d) for d in deliveries]
         outcomes: dict[int, Outcome] = {}
         screened: list[tuple[int, Delivery, Consumer, Job[Any]]] = []
+        alone: list[tuple[int, Delivery]] = []
         for index, delivery in enumerate(deliveries):
+            if not self.groups(delivery):
+                alone.append((index, delivery))
+                continue
             result = await self._screen(delivery)
             if isinstance(result, Outcome):
                 outcomes[index] = result
             else:
                 screened.append((index, delivery, *result))
+        if len(screened) == 1:
+            alone.append(screened.pop()[:2])
         if screened:
             await self._run_batch(screened, outcomes)
+        for index, delivery in alone:
+            outcomes[index] = await self.handle(delivery)
         return [outcomes[i] for i in range(len(deliveries))]
 
     async def _run_batch(
@@ -311,6 +379,7 @@ class Harness:
         notes: list[Callable[[], None]] = []
         committed: list[tuple[Job[Any], float]] = []
         started = False
+        running: Consumer | None = None
         try:
             async with self.db.batch(step, params) as (batch, rows):
                 by_id = {row["id"]: row for row in rows}
@@ -328,32 +397,52 @@ class Harness:
                         continue
                     fenced_keys.add(key)
                     started = True
-                    self.observers.job_started(job)
-                    began = time.perf_counter()
-                    try:
-                        async with batch.job() as tx:
-                            await self._call(consumer, job, tx)
-                    except BatchLost:
-                        raise
-                    except Exception as exc:
-                        outcomes[index] = await self._failed_in_batch(
-                            batch.tx, delivery, consumer, exc, notes
-                        )
-                    else:
-                        outcomes[index] = Outcome.PROCESSED
-                        committed.append((job, time.perf_counter() - began))
+                    running = consumer
+                    with (
+                        nullcontext()
+                        if self.tracing is None
+                        else self.tracing.process(delivery, self.transport.name, consumer.name)
+                    ) as span:
+                        self.observers.job_started(job)
+                        began = time.perf_counter()
+                        try:
+                            async with batch.job() as tx:
+                                await self._call(consumer, job, tx)
+                        except BatchLost:
+                            raise
+                        except Exception as exc:
+                            outcomes[index] = await self._failed_in_batch(
+                                batch.tx, delivery, consumer, exc, notes
+                            )
+                        else:
+                            outcomes[index] = Outcome.PROCESSED
+                            committed.append((job, time.perf_counter() - began))
+                        if self.tracing is not None:
+                            self.tracing.outcome(span, outcomes[index].value)
         except asyncio.CancelledError:
             for _, delivery, _, _ in screened:
                 await asyncio.shield(self._release(delivery))
             raise
         except BatchLost as lost:
-            # a handler ended the batch's transaction (SPEC H5): nothing of the batch
-            # committed and every delivery is still ours; each job runs again on its own, so
-            # the culprit fails alone and the others commit
-            log.warning(
-                "a handler ended its group-commit transaction; running the batch's jobs one by one",
-                extra={"error": str(lost.problem)},
-            )
+            # a handler ended the batch's transaction (SPEC H5), or took transaction-wide
+            # state that would outlive its job (SET LOCAL, an advisory xact lock, COPY):
+            # nothing of the batch committed and every delivery is still ours; each job runs
+            # again on its own, so the culprit fails (or, isolated, succeeds) alone and the
+            # others commit
+            if lost.isolate is not None and running is not None:
+                self.learned_isolated.add(running.name)
+                log.warning(
+                    "a handler took transaction-wide state inside a group-commit transaction; "
+                    "its consumer's jobs now run one per transaction (declare the consumer "
+                    "isolated=True to skip this re-run)",
+                    extra={"consumer": running.name, "statement": lost.isolate},
+                )
+            else:
+                log.warning(
+                    "a handler ended its group-commit transaction; running the batch's jobs "
+                    "one by one",
+                    extra={"error": str(lost.problem)},
+                )
             for index, delivery, _, _ in screened:
                 outcomes[index] = await self.handle(delivery)
             return
@@ -438,6 +527,7 @@ class Harness:
         guard = tx.guard
         if guard is not None:
             guard.active = True  # the handler holds jobfence's transaction (SPEC H5)
+        sync_tx: SyncTx | None = None
         try:
             if consumer.is_async:
                 result = consumer.handler(job, tx.session if consumer.wants_session else tx)
@@ -446,9 +536,14 @@ class Harness:
             else:
                 loop = asyncio.get_running_loop()
                 ctx = contextvars.copy_context()
-                call = partial(ctx.run, consumer.handler, job, SyncTx(tx, loop))
+                sync_tx = SyncTx(tx, loop)
+                call = partial(ctx.run, consumer.handler, job, sync_tx)
                 await loop.run_in_executor(self.executor, call)
         finally:
+            if sync_tx is not None:
+                # a thread cancelled mid-handler runs on: from now on its statements are
+                # refused, before this transaction rolls back and its connection serves others
+                sync_tx.end("the job was cancelled, or its handler had returned")
             if guard is not None:
                 guard.active = False
             current_tx.reset(token)

@@ -11,7 +11,7 @@ from typing import Any, cast
 import click
 
 from ..app import App
-from ..config import DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, check_schema_name
+from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, check_schema_name
 from ..jobs import check_job_id, check_queue
 from ..sql import DEFAULT_SCHEMA, Dialect
 from ._common import (
@@ -121,9 +121,11 @@ def _migration_sql(database_url: str | None, dialect: str | None, after: int) ->
     type=click.IntRange(1, MAX_BATCH_SIZE),
     envvar="JOBFENCE_BATCH_SIZE",
     show_envvar=True,
-    default=1,
+    default=DEFAULT_BATCH_SIZE,
     show_default=True,
-    help="Group commit: jobs per transaction, each in its own savepoint (PostgreSQL queue).",
+    help="Group commit: up to this many jobs per transaction, each in its own savepoint "
+    "(PostgreSQL queue in the fence's database; consumers declared isolated=True excepted). "
+    "1: one transaction per job.",
 )
 @click.option(
     "--batch-window",
@@ -150,7 +152,8 @@ def _migration_sql(database_url: str | None, dialect: str | None, after: int) ->
     show_envvar=True,
     default="30s",
     show_default=True,
-    help="How long in-flight jobs get to finish after SIGTERM.",
+    help="How long in-flight jobs get to finish after SIGTERM/SIGINT; a second signal cancels "
+    "them at once (rolled back, redelivered).",
 )
 @click.option(
     "--summary-interval",

@@ -132,7 +132,8 @@ def relay(
             try:
                 await worker.run(install_signal_handlers=True)
             finally:
-                await the_relay.stop()
+                # a forced stop of the worker (a second signal) stops the relay now too
+                await the_relay.stop(force=worker.forced)
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         finally:

@@ -65,6 +65,38 @@ def control_statement(sql: str) -> str | None:
     return verb
 
 
+#: statements whose effect lasts to the end of the transaction rather than the job's
+#: savepoint: in a group commit they would reach the batch's later jobs (SET LOCAL,
+#: set_config(…, true)), hold locks to the batch's commit (advisory xact locks, LOCK TABLE), or
+#: cannot run in pipeline mode (COPY); see :func:`wide_statement`
+_WIDE = re.compile(
+    r"""(?P<what>\bset\s+local\b|\bset_config\s*\(|\bpg_(?:try_)?advisory_xact_lock
+        |(?:\A|;)\s*(?:lock|copy)\b)""",
+    re.IGNORECASE | re.VERBOSE,
+)
+
+
+def wide_statement(sql: str) -> str | None:
+    """What in ``sql`` takes transaction-wide state (``"SET LOCAL"``, ``"LOCK"``…), else None.
+    Screened only for jobs that share a group-commit transaction: such a job must run in a
+    transaction of its own. Text screening: a match inside a string literal costs a re-run,
+    never a wrong result."""
+    match = _WIDE.search(sql)
+    if match is None:
+        return None
+    return " ".join(match["what"].lstrip(";").split()).rstrip("(").strip().upper()
+
+
+def needs_isolation(what: str) -> TransactionBoundaryError:
+    return TransactionBoundaryError(
+        f"the handler ran {what} inside a group-commit transaction, whose effect would last "
+        "beyond its job to the batch's commit; the batch was rolled back and its jobs run "
+        "again, each in a transaction of its own (declare the consumer isolated=True to "
+        "skip this)",
+        code="TX_NEEDS_ISOLATION",
+    )
+
+
 def refusal(verb: str) -> TransactionBoundaryError:
     return TransactionBoundaryError(
         f"the handler ran {verb} on the transaction jobfence lent it; jobfence owns that "
@@ -91,15 +123,32 @@ class TxGuard:
     #: (savepoint depth, description) of statements that failed while the handler ran
     failures: list[tuple[int, str]] = field(default_factory=list)
     depth: int = 0
+    #: the transaction is shared by a group commit's jobs: statements with transaction-wide
+    #: effects are refused (the job needs a transaction of its own), and ``pipeline`` (the
+    #: driver's pipeline, if any) is synced after each of the handler's statements
+    batched: bool = False
+    pipeline: Any = None
+    #: the transaction-wide statement a batched job tried (see :func:`wide_statement`)
+    isolation: str | None = None
 
     def screen(self, sql: str) -> None:
-        """Refuse a transaction-control statement while the handler runs."""
+        """Refuse a transaction-control statement while the handler runs (and, in a group
+        commit, one with transaction-wide effects)."""
         if not self.active:
             return
         verb = control_statement(sql)
         if verb is not None:
             self.refused = self.refused or verb
             raise refusal(verb)
+        if self.batched:
+            wide = wide_statement(sql)
+            if wide is not None:
+                self.wide(wide)
+
+    def wide(self, what: str) -> None:
+        """A batched job tried something that needs a transaction of its own."""
+        self.isolation = self.isolation or what
+        raise needs_isolation(what)
 
     def outside(self, how: str) -> None:
         """A handler's statement would run after its transaction ended (and so commit on its
@@ -122,6 +171,8 @@ class TxGuard:
 
     def problem(self, *, track_failures: bool) -> TransactionBoundaryError | None:
         """Why the transaction must not be committed, as seen from the client side."""
+        if self.isolation is not None:
+            return needs_isolation(self.isolation)
         if self.refused is not None:
             return refusal(self.refused)
         if self.ended is not None:
@@ -152,13 +203,25 @@ def ended(how: str) -> TransactionBoundaryError:
     )
 
 
-class BatchLost(Exception):
-    """A handler ended a whole group-commit transaction (or released past its savepoint):
-    no job of the batch committed; the harness runs each of them again on its own."""
+def let_go(how: str) -> TransactionBoundaryError:
+    """A statement from a handler thread after jobfence let go of its job's transaction."""
+    return TransactionBoundaryError(
+        f"this handler's transaction is gone: {how}. The statement was not run: a handler "
+        "thread that outlives its job can never write outside the job's transaction, nor "
+        "commit without its fence (a cancelled job is redelivered)",
+        code="TX_ENDED",
+    )
 
-    def __init__(self, problem: TransactionBoundaryError) -> None:
+
+class BatchLost(Exception):
+    """A handler ended a whole group-commit transaction (or released past its savepoint, or
+    took transaction-wide state: ``isolate`` names what): no job of the batch committed; the
+    harness runs each of them again on its own."""
+
+    def __init__(self, problem: TransactionBoundaryError, isolate: str | None = None) -> None:
         super().__init__(str(problem))
         self.problem = problem
+        self.isolate = isolate
 
 
 _savepoints = itertools.count(1)
@@ -254,6 +317,13 @@ class SyncTx:
 
     Each call is carried out on the event loop that owns the connection, so sync and async
     handlers share one driver and one transaction.
+
+    When jobfence is done with the job (the handler returned, or the job was cancelled by a
+    forced stop or the end of the shutdown grace while the thread was still running), it calls
+    :meth:`end`: the transaction is rolled back or committed by then, and its connection may
+    serve another job, so every later call from the thread is refused
+    (:class:`~jobfence.errors.TransactionBoundaryError`) — it can never run outside the job's
+    transaction, nor commit without the fence.
     """
 
     def __init__(self, tx: Tx, loop: asyncio.AbstractEventLoop) -> None:
@@ -261,13 +331,50 @@ class SyncTx:
         self._loop = loop
         self.dialect = tx.dialect
         self.paramstyle = tx.paramstyle
+        self._ended: str | None = None
+        self._pending: set[Any] = set()
 
     @property
     def async_tx(self) -> Tx:
         return self._tx
 
+    @property
+    def ended_how(self) -> str | None:
+        """How the job's transaction ended for this handler (None: it still holds it)."""
+        return self._ended
+
+    def end(self, how: str = "the job was cancelled") -> None:
+        """Refuse every later statement; cancel one still running (call on the loop)."""
+        self._ended = self._ended or how
+        for future in list(self._pending):
+            future.cancel()
+
+    async def _checked(self, coro: Any) -> Any:
+        # on the loop, where end() is called: no statement starts after the job let go
+        if self._ended is not None:
+            coro.close()
+            raise let_go(self._ended)
+        return await coro
+
     def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        if self._ended is not None:
+            coro.close()
+            raise let_go(self._ended)
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._checked(coro), self._loop)
+        except RuntimeError:  # the loop is closed: the process is stopping
+            coro.close()
+            raise let_go("the worker stopped") from None
+        self._pending.add(future)
+        try:
+            return future.result()
+        except Exception as exc:
+            how = self.ended_how  # end() may have run meanwhile, on the loop
+            if how is not None and not isinstance(exc, TransactionBoundaryError):
+                raise let_go(how) from exc
+            raise
+        finally:
+            self._pending.discard(future)
 
     def execute(self, sql: str, params: Params = None) -> int:
         result: int = self._run(self._tx.execute(sql, params))

@@ -30,6 +30,7 @@ from . import (
     TxGuard,
     aborted,
     ended,
+    needs_isolation,
 )
 from .placeholders import for_psycopg
 
@@ -115,7 +116,10 @@ class GuardedCursor(psycopg.AsyncCursor[Any]):
         guard.screen(_query_text(query, self._conn))
         self._inside(guard)
         try:
-            return await super().execute(query, params, **kwargs)
+            await super().execute(query, params, **kwargs)
+            if guard.pipeline is not None:
+                await guard.pipeline.sync()  # results, row count and errors now, as outside
+            return self
         except Exception as exc:
             guard.failed(exc)
             raise
@@ -127,7 +131,9 @@ class GuardedCursor(psycopg.AsyncCursor[Any]):
         guard.screen(_query_text(query, self._conn))
         self._inside(guard)
         try:
-            return await super().executemany(query, params_seq, **kwargs)
+            await super().executemany(query, params_seq, **kwargs)
+            if guard.pipeline is not None:
+                await guard.pipeline.sync()
         except Exception as exc:
             guard.failed(exc)
             raise
@@ -135,10 +141,18 @@ class GuardedCursor(psycopg.AsyncCursor[Any]):
     async def stream(self, query: Any, params: Params = None, **kwargs: Any) -> AsyncIterator[Any]:
         guard = self._guard()
         if guard is not None:
+            if guard.batched:
+                guard.wide("stream()")  # not available in pipeline mode
             guard.screen(_query_text(query, self._conn))
             self._inside(guard)
         async for row in super().stream(query, params, **kwargs):
             yield row
+
+    def copy(self, statement: Any, params: Params = None, **kwargs: Any) -> Any:
+        guard = self._guard()
+        if guard is not None and guard.batched:
+            guard.wide("COPY")  # not available in pipeline mode
+        return super().copy(statement, params, **kwargs)
 
 
 class GuardedConnection(psycopg.AsyncConnection[Any]):
@@ -267,14 +281,20 @@ class PgPipelineTx(PgTx):
     def can_copy(self) -> bool:
         return False  # COPY is not available in pipeline mode
 
+    async def _sync(self) -> None:
+        """Sync the pipeline unless the statement's cursor already did (a handler's
+        statements are synced by :class:`GuardedCursor`; jobfence's own are not)."""
+        if self._pipeline.result_queue or self._pipeline.command_queue:
+            await self._pipeline.sync()
+
     async def execute(self, sql: str, params: Params = None) -> int:
         cur = await self.connection.execute(_handler_sql(sql, params), params)
-        await self._pipeline.sync()
+        await self._sync()
         return cur.rowcount
 
     async def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
         cur = await self.connection.execute(_handler_sql(sql, params), params)
-        await self._pipeline.sync()
+        await self._sync()
         if cur.description is None:
             return []
         return await cur.fetchall()
@@ -282,7 +302,7 @@ class PgPipelineTx(PgTx):
     async def q(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         cur = self.connection.cursor(row_factory=dict_row)
         await cur.execute(self._sql[name], params)
-        await self._pipeline.sync()
+        await self._sync()
         return await cur.fetchall() if cur.description is not None else []
 
 
@@ -336,6 +356,8 @@ class PgBatch:
         name = f"{SAVEPOINT_PREFIX}job_{self._jobs}"
         self.tx.savepoint_name = name.encode()
         guard = _lend(self._conn, self.tx)
+        guard.batched = True
+        guard.pipeline = self._pipeline
         if self._lazy:
             self.tx.savepoint_due = True
         else:
@@ -354,6 +376,9 @@ class PgBatch:
                 raise problem
         except BaseException as exc:
             guard.active = False
+            if guard.isolation is not None:
+                # transaction-wide state: the whole batch rolls back and its jobs run alone
+                raise BatchLost(needs_isolation(guard.isolation), guard.isolation) from exc
             if self._conn.pgconn.transaction_status == TransactionStatus.IDLE:
                 # the handler ended the batch's transaction: no savepoint to return to, and
                 # the other jobs' work is gone too; the harness re-runs them

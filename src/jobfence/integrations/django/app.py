@@ -131,10 +131,12 @@ class DjangoApp(App):
         schema: Any = None,
         name: str | None = None,
         retry: RetryPolicy | None = None,
+        isolated: bool = False,
     ) -> Callable[[H], H]:
         """:meth:`jobfence.App.consumer` for ``def handle(job, tx)`` handlers that run inside
-        ``transaction.atomic()`` on Django's connection (``async def`` is refused)."""
-        register = super().consumer(queue, schema=schema, name=name, retry=retry)
+        ``transaction.atomic()`` on Django's connection (``async def`` is refused). Each job
+        has a transaction of its own here (``isolated`` is accepted and always holds)."""
+        register = super().consumer(queue, schema=schema, name=name, retry=retry, isolated=isolated)
 
         def hosted(handler: H) -> H:
             register(handler)
