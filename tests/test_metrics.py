@@ -21,8 +21,6 @@ from jobfence import App, outbox
 from jobfence.cleanup import cleanup_loop
 from jobfence.deadletters import Actor
 from jobfence.jobctl import pause_queue
-from jobfence.leases import Lease
-from jobfence.maintenance import GAUGES_LEASE, gauges_round
 from jobfence.stats import GaugesFailed, refresh_gauges
 
 from .helpers import eventually
@@ -130,20 +128,3 @@ async def test_a_failing_gauge_query_leaves_the_others_refreshing(pg_database: s
         with psycopg.connect(pg_database, autocommit=True) as admin:
             admin.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
             admin.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
-
-
-async def test_one_worker_per_database_reads_the_gauges(database_url: str) -> None:
-    """The gauges lease: the first worker reads the gauges; a second one (another holder)
-    does not, and clears what it had, until the first one's lease runs out."""
-    async with App(database_url) as app:
-        await app.enqueue("gauge.lease", {"n": 1}, job_id="l1")
-        first = Lease(app.db, GAUGES_LEASE, "worker-1", ttl=timedelta(seconds=60))
-        second = Lease(app.db, GAUGES_LEASE, "worker-2", ttl=timedelta(seconds=60))
-        assert await gauges_round(app.db, app.queue_db, first)
-        assert value("jobfence_queue_depth", queue="gauge.lease", state="available") == 1
-        assert not await gauges_round(app.db, app.queue_db, second)
-        assert value("jobfence_queue_depth", queue="gauge.lease", state="available") is None
-        assert await gauges_round(app.db, app.queue_db, first)  # the holder renews
-        await first.release()  # (or its lease expires: the holder died)
-        assert await gauges_round(app.db, app.queue_db, second)
-        assert value("jobfence_queue_depth", queue="gauge.lease", state="available") == 1

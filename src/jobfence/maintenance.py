@@ -14,8 +14,7 @@ from .alerts import AlertDispatcher, AlertSink, sinks_from_env
 from .cleanup import DEFAULT_BATCH, DEFAULT_INTERVAL, cleanup_loop
 from .db import Database
 from .errors import ConfigurationError
-from .leases import Lease, default_holder
-from .stats import clear_gauges, refresh_gauges
+from .stats import refresh_gauges
 
 log = logging.getLogger("jobfence.maintenance")
 
@@ -52,26 +51,11 @@ class Maintenance:
                 raise ConfigurationError(f"{name} must be a positive duration")
 
 
-GAUGES_LEASE = "gauges"
-
-
-async def gauges_round(db: Database, queue_db: Database | None, lease: Lease) -> bool:
-    """One round of the database gauges: the worker holding the ``gauges`` lease reads them
-    (one reader per database, however many workers); the others clear theirs, so that
-    ``max`` across instances never picks a value a former reader left behind. Returns whether
-    this worker read them."""
-    if await lease.acquire():
-        await refresh_gauges(db, queue_db)
-        return True
-    clear_gauges()
-    return False
-
-
 async def _gauges_loop(db: Database, queue_db: Database | None, interval: timedelta) -> None:
-    lease = Lease(db, GAUGES_LEASE, default_holder(), ttl=3 * interval)
+    """Every worker reads the gauges (docs/metrics.md: why not one reader per database)."""
     while True:
         try:
-            await gauges_round(db, queue_db, lease)
+            await refresh_gauges(db, queue_db)
         except Exception as exc:
             log.error("refreshing the database gauges failed: %s", exc)
         await asyncio.sleep(interval.total_seconds())

@@ -123,23 +123,6 @@ async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None
     m.GAUGES_REFRESHED.set_to_current_time()
 
 
-def clear_gauges() -> None:
-    """Drop this process's database gauges (another process reads them now)."""
-    from . import metrics as m
-
-    for gauge in (
-        m.PENDING_REVIEW,
-        m.QUEUE_DEPTH,
-        m.QUEUE_OLDEST_DUE,
-        m.QUEUE_PAUSED,
-        m.OUTBOX_BACKLOG,
-        m.OUTBOX_OLDEST_PENDING,
-    ):
-        gauge.clear()
-    for single in (m.FENCES, m.FENCE_BYTES, m.ALERTS_UNDELIVERED, m.GAUGES_REFRESHED):
-        single.set(0)
-
-
 class GaugesFailed(Exception):
     """Some database gauges could not be read (the others were refreshed)."""
 
