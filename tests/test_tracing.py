@@ -410,3 +410,52 @@ async def test_group_commit_gives_each_job_its_own_process_span(
         assert {p.attributes["jobfence.job_id"] for p in processes} == {job_id}
     (retry,) = named(in_trace(spans, roots["b"]), "retry q")
     assert retry.attributes["jobfence.job_id"] == "b"
+
+
+API_ONLY = """
+import asyncio, sys
+from opentelemetry import context, trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+import jobfence.tracing as t
+from jobfence import App
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+async def main():
+    app = App(sys.argv[1], auto_migrate=True)
+    done = []
+    @app.consumer("first")
+    async def first(job, tx):
+        await app.enqueue("second", {}, job_id="j2", connection=tx)
+    @app.consumer("second")
+    async def second(job, tx):
+        done.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
+    async with app:
+        token = context.attach(TraceContextTextMapPropagator().extract({"traceparent": PARENT}))
+        await app.enqueue("first", {}, job_id="j1")
+        context.detach(token)
+        worker = app.worker(poll_interval=0.05)
+        task = asyncio.create_task(worker.run())
+        for _ in range(400):
+            if done:
+                break
+            await asyncio.sleep(0.05)
+        worker.request_stop()
+        await task
+    assert done == [PARENT.split("-")[1]], done
+    assert not t.get().live
+asyncio.run(main())
+print("ok")
+"""
+
+
+def test_with_the_api_and_no_sdk_the_context_is_passed_on(sqlite_database: str) -> None:
+    """No SDK: no spans are made, but a job enqueued inside a trace carries it, and a job its
+    handler enqueues carries it on (what the API's no-op spans would do, for less)."""
+    result = subprocess.run(
+        [sys.executable, "-c", API_ONLY, sqlite_database],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
