@@ -459,3 +459,41 @@ def test_with_the_api_and_no_sdk_the_context_is_passed_on(sqlite_database: str) 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+async def test_a_request_still_in_flight_is_marked_on_its_span(
+    pg_database: str, spans: InMemorySpanExporter
+) -> None:
+    """A second request with the key of one still running gets 409, and its span says
+    ``in_flight``."""
+    import asyncio
+
+    app = App(pg_database, auto_migrate=True)
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    api = FastAPI()
+
+    @api.post("/slow")
+    async def slow() -> dict[str, str]:
+        entered.set()
+        await release.wait()
+        return {"ok": "yes"}
+
+    asgi = IdempotencyMiddleware(api, database=lambda: app.db)
+    async with (
+        app,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as client,
+    ):
+        headers = {"idempotency-key": "key-9"}
+        with test_tracer.start_as_current_span("client") as root:
+            first = asyncio.create_task(client.post("/slow", json={}, headers=headers))
+            await asyncio.wait_for(entered.wait(), timeout=30)
+            second = await client.post("/slow", json={}, headers=headers)
+            release.set()
+            assert (await first).status_code == 200
+    assert second.status_code == 409
+    found = named(in_trace(spans, root.get_span_context().trace_id), "idempotency POST")
+    by_outcome = {s.attributes["jobfence.idempotency.outcome"]: s for s in found}
+    assert set(by_outcome) == {"executed", "in_flight"}
+    assert by_outcome["in_flight"].attributes["jobfence.idempotency.in_flight"] is True
+    assert by_outcome["in_flight"].kind is SpanKind.INTERNAL  # the client's span was current
