@@ -77,7 +77,7 @@ def ids_log() -> Iterator[list[logging.LogRecord]]:
         logger.setLevel(old)
 
 
-@pytest.fixture(params=["postgresql", "sqlite", "rabbitmq", "redis", "nats"])
+@pytest.fixture(params=["postgresql", "sqlite", "rabbitmq", "redis", "nats", "pubsub"])
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     made = make_target(str(request.param), request)
     yield made
@@ -144,7 +144,7 @@ async def test_one_trace_from_enqueue_to_the_handler(
         assert process.kind is SpanKind.CONSUMER
         assert parent_of(process) == send[0].context.span_id
     first, second = sorted(processes, key=lambda s: s.attributes["jobfence.attempt"])
-    system = {"postgresql": "postgresql", "sqlite": "sqlite"}.get(target.kind, target.kind)
+    system = {"pubsub": "gcp_pubsub"}.get(target.kind, target.kind)
     assert dict(second.attributes) | {
         "messaging.system": system,
         "messaging.destination.name": target.queue,
