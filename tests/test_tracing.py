@@ -21,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind
 
 from jobfence import App, Job, TemporaryError, Tx, ValidationError, list_dead_letters
@@ -37,22 +38,44 @@ from tests.helpers import REPO, RunningWorker, eventually, scalar
 test_tracer = trace.get_tracer("tests")
 
 
+class WhileTesting(Sampler):
+    """Record spans only during a test of this module: the SDK is set once per process, and
+    the other tests that process runs afterwards should neither pay for spans nor fill the
+    in-memory exporter."""
+
+    active = False
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        return (ALWAYS_ON if self.active else ALWAYS_OFF).should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return "tests/test_tracing.py"
+
+
+GATE = WhileTesting()
+
+
 @pytest.fixture(scope="session")
 def exporter() -> InMemorySpanExporter:
     """The SDK, once per test process, exporting to memory."""
     memory = InMemorySpanExporter()
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
+        provider = TracerProvider(sampler=GATE)
         trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(memory))
     return memory
 
 
 @pytest.fixture
-def spans(exporter: InMemorySpanExporter) -> InMemorySpanExporter:
+def spans(exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
     exporter.clear()
-    return exporter
+    GATE.active = True
+    try:
+        yield exporter
+    finally:
+        GATE.active = False
+        exporter.clear()
 
 
 @pytest.fixture
