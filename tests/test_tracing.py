@@ -520,3 +520,29 @@ async def test_a_request_still_in_flight_is_marked_on_its_span(
     assert set(by_outcome) == {"executed", "in_flight"}
     assert by_outcome["in_flight"].attributes["jobfence.idempotency.in_flight"] is True
     assert by_outcome["in_flight"].kind is SpanKind.INTERNAL  # the client's span was current
+
+
+def test_the_cli_logging_puts_the_ids_in_json_lines(
+    spans: InMemorySpanExporter, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``jobfence … --log-format json`` (logs.configure) adds trace_id and span_id."""
+    import json
+
+    from jobfence import logs
+
+    touched = [logging.getLogger(name) for name in ("jobfence", *logs.FOREIGN_LOGGERS)]
+    saved = [(list(lg.handlers), lg.level, lg.propagate) for lg in touched]
+    try:
+        logs.configure("INFO", "json")
+        with test_tracer.start_as_current_span("work") as span:
+            logging.getLogger("jobfence.test").info("inside")
+        logging.getLogger("jobfence.test").info("outside")
+    finally:
+        for lg, (handlers, level, propagate) in zip(touched, saved, strict=True):
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate = propagate
+    inside, outside = (json.loads(line) for line in capsys.readouterr().err.splitlines())
+    assert inside["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert inside["span_id"] == format(span.get_span_context().span_id, "016x")
+    assert "trace_id" not in outside
