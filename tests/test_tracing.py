@@ -284,14 +284,26 @@ class Order(pydantic.BaseModel):
     sku: str
 
 
+@pytest.fixture(params=["postgresql", "sqlite", "rabbitmq"])
+def replayed(request: pytest.FixtureRequest) -> Iterator[Target]:
+    """The replay inserts the job in SQL (database queue) or publishes it (a broker)."""
+    made = make_target(str(request.param), request)
+    yield made
+    if made.transport_url:
+        import asyncio
+
+        asyncio.run(cleanup(made))
+
+
 async def test_a_replayed_dead_letter_links_to_its_original_trace(
-    database_url: str, spans: InMemorySpanExporter
+    replayed: Target, spans: InMemorySpanExporter
 ) -> None:
+    queue = replayed.queue
     broken = {"yes": True}
     done: list[str] = []
-    app = App(database_url, auto_migrate=True)
+    app = replayed.app()
 
-    @app.consumer("orders", schema=Order)
+    @app.consumer(queue, schema=Order)
     async def ship(job: Job[Order], tx: Tx) -> None:
         if broken["yes"]:
             raise ValidationError("the warehouse does not know this sku")
@@ -299,26 +311,28 @@ async def test_a_replayed_dead_letter_links_to_its_original_trace(
 
     async with app:
         with test_tracer.start_as_current_span("order placed") as root:
-            await app.enqueue("orders", {"sku": "x"}, job_id="order-7")
+            await app.enqueue(queue, {"sku": "x"}, job_id="order-7")
         async with RunningWorker(app, concurrency=1, poll_interval=0.1) as worker:
             await eventually(lambda: worker.stats.handled == 1, what="the dead letter")
         original = root.get_span_context().trace_id
-        (dead,) = named(in_trace(spans, original), "dead_letter orders")
+        (dead,) = named(in_trace(spans, original), f"dead_letter {queue}")
         assert dead.attributes["jobfence.error.category"] == "VALIDATION_ERROR"
-        (process,) = named(in_trace(spans, original), "process orders")
+        (process,) = named(in_trace(spans, original), f"process {queue}")
         assert process.attributes["jobfence.outcome"] == "dead"
+        assert process.attributes["jobfence.error.category"] == "VALIDATION_ERROR"
         assert parent_of(dead) == process.context.span_id
 
         broken["yes"] = False
-        (letter,) = await list_dead_letters(app.db, queue="orders")
+        (letter,) = await list_dead_letters(app.db, queue=queue)
         with test_tracer.start_as_current_span("operator replays") as operator:
             await replay(app.db, app.transport, letter.id, actor=Actor("ops"))
         async with RunningWorker(app, concurrency=1, poll_interval=0.1):
             await eventually(lambda: done == ["order-7"], what="the replayed job")
 
-    (replay_span,) = named(in_trace(spans, operator.get_span_context().trace_id), "replay orders")
+    replay_trace = in_trace(spans, operator.get_span_context().trace_id)
+    (replay_span,) = named(replay_trace, f"replay {queue}")
     assert [link.context.trace_id for link in replay_span.links] == [original]
-    (again,) = named(in_trace(spans, operator.get_span_context().trace_id), "process orders")
+    (again,) = named(replay_trace, f"process {queue}")
     assert parent_of(again) == replay_span.context.span_id
     assert again.attributes["jobfence.outcome"] == "processed"
 
