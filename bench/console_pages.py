@@ -10,6 +10,12 @@ times. Reported: the median and the worst time from request to the last byte ove
 (server time plus a loopback round trip), for the first page and a deep page (a cursor near
 the far end: keyset pages cost what the first does), with and without filters; then the
 weight of what a browser downloads (HTML of each page, CSS, JavaScript), raw and gzipped.
+The ops API's twins of the list pages (``/v1/dead-letters``, ``/v1/jobs``) are timed the same
+way. "server ms" is measured inside the server (an ASGI wrapper around the app: from the
+request's arrival to its last body byte), "round trip ms" by the client; "× baseline" divides
+the server median by that of ``/healthz`` (one ``SELECT now()`` through the same stack) timed
+in the same run, so that a busy machine shifts both. The load average is printed before and
+after: on a shared 2-core machine the absolute figures are noisy, the ratios less so.
 Prints tables; nothing is asserted.
 """
 
@@ -23,7 +29,9 @@ import socket
 import statistics
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -93,18 +101,52 @@ def seed(url: str, letters: int, jobs: int) -> None:
         print(f"seeded {letters} letters and {jobs} jobs in {time.perf_counter() - started:.1f}s")
 
 
-async def timed(client: httpx.AsyncClient, path: str, runs: int) -> tuple[float, float, int]:
+class ServerTimer:
+    """ASGI wrapper: the server time of each HTTP request (arrival → last body byte), in ms."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.last = 0.0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def timed_send(message: Any) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                self.last = (time.perf_counter() - started) * 1000
+
+        await self.app(scope, receive, timed_send)
+
+
+@dataclass
+class Timing:
+    server: float  # median server ms
+    server_max: float
+    trip: float  # median round trip ms
+    size: int  # bytes of the body
+
+
+async def timed(client: httpx.AsyncClient, timer: ServerTimer, path: str, runs: int) -> Timing:
     await client.get(path)  # warm (plans, caches)
-    times = []
+    server, trips = [], []
     size = 0
     for _ in range(runs):
         started = time.perf_counter()
         r = await client.get(path)
-        times.append((time.perf_counter() - started) * 1000)
+        trips.append((time.perf_counter() - started) * 1000)
+        server.append(timer.last)
         if r.status_code != 200:
             raise SystemExit(f"{path}: {r.status_code} {r.text[:300]}")
         size = len(r.content)
-    return statistics.median(times), max(times), size
+    return Timing(statistics.median(server), max(server), statistics.median(trips), size)
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -120,10 +162,9 @@ async def main(args: argparse.Namespace) -> None:
         operator = await create_token(app.db, name="bench", role="operator")
         acme = await create_token(app.db, name="bench-acme", role="viewer", partner="acme")
         port = free_port()
+        timer = ServerTimer(create_app(jobfence_app=app))
         server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(jobfence_app=app), host="127.0.0.1", port=port, log_level="warning"
-            )
+            uvicorn.Config(timer, host="127.0.0.1", port=port, log_level="warning")
         )
         task = asyncio.create_task(server.serve())
         for _ in range(600):
@@ -158,21 +199,60 @@ async def main(args: argparse.Namespace) -> None:
             ("queues", "/ui/queues"),
             ("audit log", "/ui/audit"),
         ]
+        api = [
+            ("API: dead letters, first page", "/v1/dead-letters"),
+            ("API: dead letters, deep page", f"/v1/dead-letters?before={deep_letter}"),
+            (
+                "API: dead letters, queue + category, deep",
+                f"/v1/dead-letters?queue=queue-3&category=TECHNICAL_ERROR&before={deep_letter}",
+            ),
+            ("API: dead letters, error text", "/v1/dead-letters?error=answered+503"),
+            ("API: jobs, first page", "/v1/jobs"),
+            ("API: jobs, deep page", f"/v1/jobs?after={deep_job}"),
+            ("API: jobs, queue, deep", f"/v1/jobs?queue=queue-7&after={deep_job}"),
+            ("API: jobs, retrying", "/v1/jobs?state=retrying"),
+            ("API: jobs, error text", "/v1/jobs?error=smtp+451"),
+        ]
         sizes: dict[str, int] = {}
+        console = Console(width=130)
+        console.print(f"load average before: {load()} (2 cores, shared)")
         table = Table(
-            title=f"console pages: {args.letters:,} dead letters, {args.jobs:,} waiting jobs "
-            f"(PostgreSQL, {args.runs} runs each, ms over loopback)"
+            title=f"console pages and API: {args.letters:,} dead letters, {args.jobs:,} "
+            f"waiting jobs (PostgreSQL, {args.runs} runs each)"
         )
-        for column in ("page", "median ms", "max ms", "HTML bytes"):
-            table.add_column(column, justify="left" if column == "page" else "right")
-        async with httpx.AsyncClient(base_url=base, headers={"Origin": base}) as client:
+        for column in ("request", "server ms", "max", "× baseline", "round trip ms", "bytes"):
+            table.add_column(column, justify="left" if column == "request" else "right")
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Authorization": f"Bearer {operator}"}, timeout=120
+        ) as bearer:
+            base_ms = (await timed(bearer, timer, "/healthz", args.runs)).server
+
+            def row(label: str, t: Timing) -> None:
+                table.add_row(
+                    label,
+                    f"{t.server:.1f}",
+                    f"{t.server_max:.1f}",
+                    f"{t.server / base_ms:.1f}",
+                    f"{t.trip:.1f}",
+                    f"{t.size:,}",
+                )
+
+            table.add_row("baseline: /healthz (SELECT now())", f"{base_ms:.1f}", "", "1.0", "", "")
+            for label, path in api:
+                row(label, await timed(bearer, timer, path, args.runs))
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Origin": base}, timeout=120
+        ) as client:
             signed = await client.post("/ui/login", data={"token": operator})
             assert signed.status_code == 303, signed.text
             for label, path in pages:
-                median, worst, size = await timed(client, path, args.runs)
-                sizes[label] = size
-                table.add_row(label, f"{median:.1f}", f"{worst:.1f}", f"{size:,}")
-        async with httpx.AsyncClient(base_url=base, headers={"Origin": base}) as client:
+                t = await timed(client, timer, path, args.runs)
+                sizes[label] = t.size
+                row(label, t)
+            wire = await static_wire(client)
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Origin": base}, timeout=120
+        ) as client:
             await client.post("/ui/login", data={"token": acme})
             for label, path in (
                 ("partner acme: overview", "/ui/"),
@@ -180,11 +260,10 @@ async def main(args: argparse.Namespace) -> None:
                 ("partner acme: dead letters, deep", f"/ui/dead-letters?before={deep_letter}"),
                 ("partner acme: jobs", "/ui/jobs"),
             ):
-                median, worst, size = await timed(client, path, args.runs)
-                table.add_row(label, f"{median:.1f}", f"{worst:.1f}", f"{size:,}")
-        console = Console(width=120)
+                row(label, await timed(client, timer, path, args.runs))
         console.print(table)
-        weight(console, sizes)
+        console.print(f"load average after: {load()}")
+        weight(console, sizes, wire)
         server.should_exit = True
         await task
         await app.close()
@@ -192,25 +271,36 @@ async def main(args: argparse.Namespace) -> None:
         drop_database(name)
 
 
-def weight(console: Console, sizes: dict[str, int]) -> None:
+STATICS = {
+    "console.css": "console.css",
+    "console.js": "console.js",
+    "htmx.min.js (vendored)": "vendor/htmx.min.js",
+}
+
+
+async def static_wire(client: httpx.AsyncClient) -> dict[str, int]:
+    """Bytes the server sends for each static file to a browser accepting gzip."""
+    wire = {}
+    for label, path in STATICS.items():
+        r = await client.get(f"/ui/static/{path}", headers={"Accept-Encoding": "gzip"})
+        wire[label] = int(r.headers["content-length"])
+    return wire
+
+
+def weight(console: Console, sizes: dict[str, int], wire: dict[str, int]) -> None:
     """Bytes a browser downloads: the static files (cached after the first page) and HTML."""
     table = Table(title="page weight (bytes)")
-    for column in ("what", "raw", "gzip"):
+    for column in ("what", "raw", "gzip", "sent by the server"):
         table.add_column(column, justify="left" if column == "what" else "right")
-    statics = {
-        "console.css": STATIC / "console.css",
-        "console.js": STATIC / "console.js",
-        "htmx.min.js (vendored)": STATIC / "vendor" / "htmx.min.js",
-    }
-    total_raw = total_gz = 0
-    for label, path in statics.items():
-        data = path.read_bytes()
+    total_raw = total_gz = total_wire = 0
+    for label, path in STATICS.items():
+        data = (STATIC / path).read_bytes()
         raw, gz = len(data), len(gzip.compress(data))
-        total_raw, total_gz = total_raw + raw, total_gz + gz
-        table.add_row(label, f"{raw:,}", f"{gz:,}")
-    table.add_row("CSS + JS of every page", f"{total_raw:,}", f"{total_gz:,}")
+        total_raw, total_gz, total_wire = total_raw + raw, total_gz + gz, total_wire + wire[label]
+        table.add_row(label, f"{raw:,}", f"{gz:,}", f"{wire[label]:,}")
+    table.add_row("CSS + JS of every page", f"{total_raw:,}", f"{total_gz:,}", f"{total_wire:,}")
     for label in ("overview", "dead letters, first page", "jobs, first page"):
-        table.add_row(f"HTML: {label}", f"{sizes[label]:,}", "")
+        table.add_row(f"HTML: {label}", f"{sizes[label]:,}", "", f"{sizes[label]:,} (not gzipped)")
     swagger = STATIC / "vendor" / "swagger-ui"
     data = (swagger / "swagger-ui-bundle.js").read_bytes() + (
         swagger / "swagger-ui.css"

@@ -4,6 +4,7 @@ file of its own. Real ``jobfence`` subprocesses against real PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -171,3 +172,35 @@ def test_a_bad_app_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "no module named 'nosuch'" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_enqueue_follows_the_apps_transport(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """An app whose queue is a broker (Redis here): `jobfence enqueue --app` publishes to
+    that broker, not to the database's job table, as the app's worker will consume it."""
+    from .contract.support import cleanup, make_target, remaining
+
+    target = make_target("redis", request)
+    try:
+        source = APP_SOURCE.format(url=target.database_url).replace(
+            f"App({target.database_url!r})",
+            f"App({target.database_url!r}, transport={target.transport_url!r})",
+        )
+        (tmp_path / "myapp.py").write_text(
+            source.replace('"points.credit"', repr(target.queue)), encoding="utf-8"
+        )
+        put = run_in(
+            tmp_path,
+            "enqueue",
+            target.queue,
+            "--app",
+            "myapp:app",
+            "--payload",
+            '{"member_id": "m-1", "points": 5}',
+        )
+        assert put.returncode == 0, put.stderr
+        assert "no consumer" not in put.stderr  # the app serves that queue
+        assert asyncio.run(remaining(target)) == 1
+        db = target.database_url
+        assert asyncio.run(scalar(db, f"SELECT count(*) FROM {table(db, 'jobs')}")) == 0
+    finally:
+        asyncio.run(cleanup(target))

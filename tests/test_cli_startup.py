@@ -5,10 +5,12 @@ before uvicorn starts. Each runs the real command in a subprocess."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -157,3 +159,25 @@ def test_ops_serve_on_a_migrated_database_serves_and_stops_on_sigterm(pg_databas
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+#: shell lines that need the ops extra
+NEEDS_OPS = re.compile(r"^\s*(?:\$ )?jobfence (?:ops (?:serve|token)|demo purchase-orders)\b")
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))],
+    ids=lambda p: str(p.relative_to(REPO)),
+)
+def test_the_docs_name_the_extra_before_a_command_that_needs_it(doc: Path) -> None:
+    """Issue 12 §3: a reader who copies a shell line that needs the ops extra has been told
+    `pip install 'jobfence[ops]'` earlier on the same page."""
+    if doc.name == "configuration.md":
+        return  # the generated flag reference: no shell lines to copy
+    text = doc.read_text(encoding="utf-8")
+    for block in re.finditer(r"```(?:sh|bash|console|shell)\n(.*?)```", text, re.DOTALL):
+        for line in block.group(1).splitlines():
+            if NEEDS_OPS.match(line):
+                before = text[: block.start(1) + block.group(1).index(line)]
+                assert "jobfence[ops]" in before, f"{doc.name}: {line.strip()!r}"

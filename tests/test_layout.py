@@ -28,6 +28,10 @@ POSTGRESQL_ONLY = {
     "lend_commit_and_commit": "the server-side transaction-boundary guards",
     "lock_migrations": "an advisory lock (SQLite's write lock serialises migrations)",
     "notify_queues": "LISTEN/NOTIFY wake-ups",
+    "outbox_relay_to_jobs": "the relay moves events to the jobs table in one statement",
+    "outbox_wait_register": "relays waiting on writers (SQLite has one writer at a time)",
+    "outbox_wait_writers": "relays waiting on writers",
+    "outbox_wait_done": "relays waiting on writers",
 }
 SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
 

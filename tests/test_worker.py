@@ -30,6 +30,7 @@ from jobfence.jobs import Delivery
 from jobfence.letters import get_letter
 
 from .conftest import create_pg_database, drop_pg_database, pg_url
+from .contract.support import wait_started
 from .helpers import (
     RunningWorker,
     credit,
@@ -185,19 +186,24 @@ async def _expire_leases(url: str) -> None:
 async def test_several_worker_processes_share_one_sqlite_file(
     sqlite_database: str, tmp_path: Path
 ) -> None:
-    """Three worker processes on one SQLite file: 200 jobs, each 3 times → 200 effects."""
+    """Three worker processes on one SQLite file: 200 jobs, each 3 times → 200 effects.
+
+    The jobs are enqueued once every worker runs: a worker still starting up (seconds on a
+    loaded machine) used to find the queue drained by the first one, and the sharing check
+    failed now and then."""
     from .conftest import make_ledger
 
     await make_ledger(sqlite_database)
-    app = App(sqlite_database)
-    async with app:
-        jobs = [app.job("crash", {}, job_id=f"j-{i}") for i in range(200)] * 3
-        await app.enqueue_many(jobs)
     env = {"JF_DB": sqlite_database, "JF_MARKS": str(tmp_path), "JF_LEASE": "10"}
-    procs = [
-        start_worker("tests.apps.crash_app:app", env, tmp_path / f"w{i}.log") for i in range(3)
-    ]
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    procs = [start_worker("tests.apps.crash_app:app", env, log) for log in logs]
     try:
+        for log in logs:
+            await wait_started(log)
+        app = App(sqlite_database)
+        async with app:
+            jobs = [app.job("crash", {}, job_id=f"j-{i}") for i in range(200)] * 3
+            await app.enqueue_many(jobs)
         await eventually(lambda: _queue_is_empty(sqlite_database), timeout=90, what="queue drained")
     finally:
         codes = [stop_process(p) for p in procs]

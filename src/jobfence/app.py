@@ -7,10 +7,11 @@ import dataclasses
 import inspect
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import fence
+from . import fence, tracing
 from .codec import Decoder, Schema, encode
 from .config import (
     DEFAULT_BATCH_SIZE,
@@ -123,10 +124,11 @@ class App:
     fence, and acks commit with the work. ``maintenance`` sets what workers do in the
     background: fence cleanup, alert delivery (:class:`~jobfence.maintenance.Maintenance`).
 
-    ``engine``: a SQLAlchemy ``AsyncEngine`` (``pip install 'jobfence[sqlalchemy]'``): each
-    job's transaction runs on it, and a handler gets an ORM session joined to it
-    (``async def handle(job, session: AsyncSession)``, or ``tx.session``); the database URL
-    defaults to the engine's. ``session_options`` go to each such ``AsyncSession``. See
+    ``engine``: a SQLAlchemy ``AsyncEngine`` or ``Engine`` (``pip install
+    'jobfence[sqlalchemy]'``): each job's transaction runs on it, and a handler gets an ORM
+    session joined to it (``async def handle(job, session: AsyncSession)`` or ``tx.session``;
+    on a synchronous engine ``def handle(job, session: Session)``, in a worker thread); the
+    database URL defaults to the engine's. ``session_options`` go to each such session. See
     docs/integrations/sqlalchemy.md.
     """
 
@@ -144,11 +146,14 @@ class App:
         auto_migrate: bool | None = None,
         observers: Sequence[Observer] = (),
         maintenance: Maintenance | None = None,
+        trace: bool = True,
     ) -> None:
         self._engine_work: Any = None
+        #: a synchronous engine's host (``def`` handlers with a ``Session``, in a thread)
+        self._session_host: Any = None
         if engine is not None:
             with extra_needed("sqlalchemy", "App(engine=…)"):
-                from .db.sqlalchemy import EngineWork
+                from .db.sqlalchemy import EngineWork, SessionHost, is_sync_engine
                 from .db.sqlalchemy import database_url as engine_url
             own = parse_database_url(engine_url(engine), schema)
             if database_url is not None and not _same_database(
@@ -160,9 +165,14 @@ class App:
                     "transaction of the handler's work; drop the URL, or pass the same database"
                 )
             database_url = database_url or engine_url(engine)
-            self._engine_work = EngineWork(
-                engine, schema=own.schema, session_options=session_options
-            )
+            if is_sync_engine(engine):
+                self._session_host = SessionHost(
+                    engine, schema=own.schema, session_options=session_options
+                )
+            else:
+                self._engine_work = EngineWork(
+                    engine, schema=own.schema, session_options=session_options
+                )
         self.url: DatabaseURL = parse_database_url(database_url, schema)
         if lease <= timedelta(0):
             raise ConfigurationError("lease must be a positive duration")
@@ -174,6 +184,9 @@ class App:
         self.auto_migrate = self.url.dialect == "sqlite" if auto_migrate is None else auto_migrate
         self.consumers: dict[str, Consumer] = {}
         self._extra_observers = list(observers)
+        #: OpenTelemetry spans and trace context (docs/tracing.md): None without the ``otel``
+        #: extra or with ``trace=False``, and then nothing traces
+        self.tracing: tracing.Tracing | None = tracing.get() if trace else None
         self.maintenance = maintenance or Maintenance()
         self.observers = Observers([])
         self.worker_id = default_holder()
@@ -194,7 +207,8 @@ class App:
         and ``--schema`` do to an app given with ``--app``)."""
         if self.is_open:
             raise ConfigurationError("cannot change the database of an open app")
-        if self._engine_work is not None and (database_url is not None or schema is not None):
+        from_engine = self._engine_work is not None or self._session_host is not None
+        if from_engine and (database_url is not None or schema is not None):
             raise ConfigurationError(
                 "this app is built from a SQLAlchemy engine: its database is the engine's "
                 "(drop --database-url / --schema)"
@@ -256,6 +270,12 @@ class App:
             session = wants_session(handler)
             if session:
                 self._check_session_handler(queue, handler)
+            elif self._session_host is not None:
+                raise ConfigurationError(
+                    f"the handler of {queue!r}: on an app built from a synchronous Engine, "
+                    "handlers are `def handle(job, session: Session)` (annotate the session; "
+                    "raw SQL: session.execute(text(...)))"
+                )
             self.consumers[queue] = Consumer(
                 queue=queue,
                 name=name or queue,
@@ -263,6 +283,7 @@ class App:
                 decoder=decoder,
                 policy=policy,
                 wants_session=session,
+                host=self._session_host,
                 isolated=isolated,
             )
             self._check_ttl()
@@ -281,6 +302,8 @@ class App:
         return queue in self.consumers
 
     def _check_session_handler(self, queue: str, handler: Any) -> None:
+        if self._session_host is not None:
+            return  # SessionHost.check_handler refuses `async def`
         if self._engine_work is None:
             raise ConfigurationError(
                 f"the handler of {queue!r} takes an ORM session: build the app from your "
@@ -360,6 +383,7 @@ class App:
             consumers = {q: c.name for q, c in self.consumers.items()}
             self.observers = Observers(
                 [MetricsObserver(consumers), LogObserver(), *self._extra_observers]
+                + ([self.tracing] if self.tracing is not None else [])
             )
             self._db, self._transport = db, transport
 
@@ -486,11 +510,21 @@ class App:
             if not self.is_open:
                 await self.open()
             self.transport.check_payloads(jobs)
-            await self.transport.publish(jobs)
+            with self._sending(jobs, self.transport.name) as traced:
+                await self.transport.publish(traced)
             return
         store = self.store_for(connection)
         _check_database_payloads(jobs, store.dialect)
-        await store.enqueue(jobs, tx=await self._as_tx(connection))
+        with self._sending(jobs, store.dialect) as traced:
+            await store.enqueue(traced, tx=await self._as_tx(connection))
+
+    def _sending(
+        self, jobs: Sequence[OutgoingJob], transport: str
+    ) -> AbstractContextManager[Sequence[OutgoingJob]]:
+        """The ``send`` span of an enqueue, whose context the jobs carry (docs/tracing.md)."""
+        if self.tracing is None:
+            return nullcontext(jobs)
+        return self.tracing.send(jobs, transport)
 
     def store_for(self, connection: Any) -> Store:
         if self.is_open and isinstance(self.transport, DatabaseQueue):
@@ -537,16 +571,17 @@ class App:
             return job.job_id
         store = Store(connect(self.url))
         _check_database_payloads([job], store.dialect)
-        if connection is not None:
-            store.enqueue_sync(connection, [job])
-            return job.job_id
-        if current_tx.get() is not None and self.url.dialect == "sqlite":
+        if connection is None and current_tx.get() is not None and self.url.dialect == "sqlite":
             raise EnqueueError(
                 "inside a handler on SQLite, enqueue with connection=tx: a second write "
                 "transaction would wait for the handler's own"
             )
-        with connect_sync(self.url) as conn:
-            store.enqueue_sync(conn, [job])
+        with self._sending([job], store.dialect) as traced:
+            if connection is not None:
+                store.enqueue_sync(connection, traced)
+            else:
+                with connect_sync(self.url) as conn:
+                    store.enqueue_sync(conn, traced)
         return job.job_id
 
     # -- workers ----------------------------------------------------------------------------

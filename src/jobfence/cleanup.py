@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 
 from .db import Database, Tx
 from .leases import Lease, default_holder
+from .metrics import CLEANUP_FAILURES, CLEANUP_SUCCEEDED, FENCES_DELETED
 
 log = logging.getLogger("jobfence.cleanup")
 
@@ -48,6 +49,8 @@ class CleanupResult:
     seconds: float
     longest_batch: float  # seconds the longest batch transaction was open (its locks held)
     busy: str | None = None  # another cleaner held the lease: its holder; nothing was done
+    #: nothing expired was left when it stopped (False: it lost its lease or hit max_batches)
+    caught_up: bool = True
 
     @property
     def ran(self) -> bool:
@@ -85,6 +88,7 @@ async def cleanup_fences(
         return CleanupResult(0, 0, 0.0, 0.0, busy=await lease.current_holder() or "?")
     deleted = batches = 0
     longest = 0.0
+    caught_up = False
     try:
         while max_batches is None or batches < max_batches:
             opened = time.monotonic()
@@ -96,7 +100,9 @@ async def cleanup_fences(
             longest = max(longest, time.monotonic() - opened)
             batches += 1
             deleted += count
+            FENCES_DELETED.inc(count)
             if count < batch:
+                caught_up = True
                 break
             await asyncio.sleep(pause)  # let queued writers in between batches
     finally:
@@ -108,7 +114,7 @@ async def cleanup_fences(
             "expired fences deleted",
             extra={"deleted": deleted, "batches": batches, "seconds": round(seconds, 3)},
         )
-    return CleanupResult(deleted, batches, seconds, longest)
+    return CleanupResult(deleted, batches, seconds, longest, caught_up=caught_up)
 
 
 async def _delete_batch(db: Database, tx: Tx, params: dict[str, object]) -> int:
@@ -135,7 +141,10 @@ async def cleanup_loop(
             result = await cleanup_fences(db, min_age=min_age, batch=batch, holder=holder)
             if result.busy:
                 log.debug("another cleaner is running", extra={"holder": result.busy})
+            elif result.caught_up:
+                CLEANUP_SUCCEEDED.set_to_current_time()
         except Exception:
+            CLEANUP_FAILURES.inc()
             log.exception("fence cleanup failed; trying again next round")
         wait = interval.total_seconds() * random.uniform(0.9, 1.1)
         with contextlib.suppress(TimeoutError):

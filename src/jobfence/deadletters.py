@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, get_args
 
+from . import tracing
 from .db import Database, Tx, to_datetime
 from .errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
 from .letters import DeadLetter, from_row, get_letter
@@ -515,6 +517,25 @@ def replay_outcomes(rows: Mapping[int, Any], ids: Sequence[int], actor: Actor) -
     return results
 
 
+async def _replaying(
+    db: Database, tx: Tx, transport: Transport, ids: Sequence[int]
+) -> AbstractContextManager[str | None]:
+    """The ``replay`` span of republishing the letters ``ids``, linked to their original
+    traces; the replayed jobs carry its context (docs/tracing.md). Without tracing, they
+    carry their letters' own."""
+    traces = tracing.get()
+    if traces is None:
+        return nullcontext(None)
+    rows = await tx.q("dl_trace_contexts", {"ids": db.array(ids)})
+    queues = {row["queue"] for row in rows}
+    return traces.replay(
+        next(iter(queues)) if len(queues) == 1 else None,
+        [row["trace_context"] for row in rows if row["trace_context"]],
+        len(ids),
+        transport.name,
+    )
+
+
 async def republish(
     db: Database,
     tx: Tx,
@@ -538,16 +559,23 @@ async def republish(
         )
     in_tx = shares_transaction(transport)
     if publish:
-        if in_tx:
-            await tx.q("dl_requeue", {"ids": db.array(publish)})
-        else:
-            payloads = await tx.q("dl_payloads", {"ids": db.array(publish)})
-            await transport.publish(
-                [
-                    OutgoingJob(r["queue"], r["job_id"], bytes(r["payload"]), r["correlation_id"])
-                    for r in payloads
-                ]
-            )
+        with await _replaying(db, tx, transport, publish) as trace_context:
+            if in_tx:
+                await tx.q("dl_requeue", {"ids": db.array(publish), "trace_context": trace_context})
+            else:
+                payloads = await tx.q("dl_payloads", {"ids": db.array(publish)})
+                await transport.publish(
+                    [
+                        OutgoingJob(
+                            r["queue"],
+                            r["job_id"],
+                            bytes(r["payload"]),
+                            r["correlation_id"],
+                            trace_context=trace_context or r["trace_context"],
+                        )
+                        for r in payloads
+                    ]
+                )
     for outcome, letters in (("published", publish), ("already_applied", applied)):
         if letters:
             await tx.q(

@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -48,6 +49,7 @@ from .jobs import Delivery, Job
 from .letters import DEFAULT_PAYLOAD_LIMIT
 from .observers import Observers
 from .retry import Decision, RetryPolicy
+from .tracing import Tracing
 from .transports import Transport
 
 log = logging.getLogger("jobfence.harness")
@@ -129,6 +131,7 @@ class Harness:
         executor: Executor | None = None,
         fence_enabled: bool = True,
         work: WorkSource | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.consumers = consumers
         self.db = db
@@ -140,6 +143,8 @@ class Harness:
         self.payload_limit = payload_limit
         self.executor = executor
         self.fence_enabled = fence_enabled
+        #: each delivery's ``process`` span (docs/tracing.md); None: no tracing work at all
+        self.tracing = tracing
         #: recent time a handler call takes (EWMA, seconds; None until one ran): the worker
         #: groups ready jobs into one transaction only while handlers are fast
         self.handler_time: float | None = None
@@ -186,7 +191,18 @@ class Harness:
         return consumer, job
 
     async def handle(self, delivery: Delivery) -> Outcome:
-        """One delivery in its own transaction."""
+        """One delivery in its own transaction (in its ``process`` span when tracing)."""
+        if self.tracing is None:
+            return await self._handle(delivery)
+        consumer = self.consumers.get(delivery.queue)
+        with self.tracing.process(
+            delivery, self.transport.name, consumer.name if consumer else None
+        ) as span:
+            outcome = await self._handle(delivery)
+            self.tracing.outcome(span, outcome.value)
+            return outcome
+
+    async def _handle(self, delivery: Delivery) -> Outcome:
         screened = await self._screen(delivery)
         if isinstance(screened, Outcome):
             return screened
@@ -382,20 +398,27 @@ class Harness:
                     fenced_keys.add(key)
                     started = True
                     running = consumer
-                    self.observers.job_started(job)
-                    began = time.perf_counter()
-                    try:
-                        async with batch.job() as tx:
-                            await self._call(consumer, job, tx)
-                    except BatchLost:
-                        raise
-                    except Exception as exc:
-                        outcomes[index] = await self._failed_in_batch(
-                            batch.tx, delivery, consumer, exc, notes
-                        )
-                    else:
-                        outcomes[index] = Outcome.PROCESSED
-                        committed.append((job, time.perf_counter() - began))
+                    with (
+                        nullcontext()
+                        if self.tracing is None
+                        else self.tracing.process(delivery, self.transport.name, consumer.name)
+                    ) as span:
+                        self.observers.job_started(job)
+                        began = time.perf_counter()
+                        try:
+                            async with batch.job() as tx:
+                                await self._call(consumer, job, tx)
+                        except BatchLost:
+                            raise
+                        except Exception as exc:
+                            outcomes[index] = await self._failed_in_batch(
+                                batch.tx, delivery, consumer, exc, notes
+                            )
+                        else:
+                            outcomes[index] = Outcome.PROCESSED
+                            committed.append((job, time.perf_counter() - began))
+                        if self.tracing is not None:
+                            self.tracing.outcome(span, outcomes[index].value)
         except asyncio.CancelledError:
             for _, delivery, _, _ in screened:
                 await asyncio.shield(self._release(delivery))
@@ -504,6 +527,7 @@ class Harness:
         guard = tx.guard
         if guard is not None:
             guard.active = True  # the handler holds jobfence's transaction (SPEC H5)
+        sync_tx: SyncTx | None = None
         try:
             if consumer.is_async:
                 result = consumer.handler(job, tx.session if consumer.wants_session else tx)
@@ -512,9 +536,14 @@ class Harness:
             else:
                 loop = asyncio.get_running_loop()
                 ctx = contextvars.copy_context()
-                call = partial(ctx.run, consumer.handler, job, SyncTx(tx, loop))
+                sync_tx = SyncTx(tx, loop)
+                call = partial(ctx.run, consumer.handler, job, sync_tx)
                 await loop.run_in_executor(self.executor, call)
         finally:
+            if sync_tx is not None:
+                # a thread cancelled mid-handler runs on: from now on its statements are
+                # refused, before this transaction rolls back and its connection serves others
+                sync_tx.end("the job was cancelled, or its handler had returned")
             if guard is not None:
                 guard.active = False
             current_tx.reset(token)

@@ -4,8 +4,9 @@ By default a job runs in a transaction jobfence opens on its own connection
 (:func:`jobfence.fence.work`). An ORM integration (Django) instead *hosts* the work: it opens
 the transaction on the ORM's connection, runs jobfence's fence steps there first, lends it to
 the handler, checks the boundary and commits — so the ORM's writes and the fence commit or
-roll back together (SPEC F2, H5). The whole job runs in one worker thread, because ORM
-connections belong to the thread that opened them.
+roll back together (SPEC F2, H5). A synchronous SQLAlchemy engine's ``def`` handlers run
+the same way (:class:`jobfence.db.sqlalchemy.SessionHost`). The whole job runs in one worker
+thread, because ORM connections belong to the thread that opened them.
 
 The harness keeps every decision: it plans the steps (:func:`jobfence.fence.plan`), reads
 their outcome (:func:`jobfence.fence.outcome`) and handles failures as on its own path; a
@@ -14,17 +15,18 @@ host only provides the transaction.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Protocol
 
 from .db import Row
 from .fence import FenceOutcome, outcome
 
 
-class HostedWork(ABC):
-    """One open transaction on the integration's connection."""
+class HostedWork(Protocol):
+    """One open transaction on the integration's connection. (Protocols, so that a host in
+    ``db/`` — the synchronous SQLAlchemy engine's — needs no import of this module.)"""
 
     @abstractmethod
     def run(self, name: str, params: Mapping[str, Any]) -> list[Row]:
@@ -38,7 +40,7 @@ class HostedWork(ABC):
         with the fence (ended, aborted, or marked for rollback)."""
 
 
-class WorkHost(ABC):
+class WorkHost(Protocol):
     """Where an integration's handlers run their work (see the module's docstring)."""
 
     @abstractmethod

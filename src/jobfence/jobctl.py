@@ -15,12 +15,14 @@ A job of the database queue is, as people see it::
 dead letter takes its place, already decided — status ``discarded``, category
 ``NON_RETRYABLE_ERROR``, error code ``CANCELLED``, ``reviewed_by`` the actor and
 ``review_reason`` the reason — with an audit row (``job.cancel``). It raises no alert. A
-running job cannot be cancelled (its handler is working on it).
+running job cannot be cancelled (its handler is working on it): cancel and retry-now answer
+at once with a :class:`ReviewConflict` naming the worker, never waiting for the handler.
 
 **Pause** writes a row of ``core.queue_pauses`` in the queue's database; every worker's
-claim skips paused queues from the next claim on, whatever process it runs in, and workers
-log the pause and report it as ``jobfence_queue_paused``. Jobs keep arriving in a paused
-queue; running jobs finish. Brokers cannot be paused this way (see docs/job-control.md).
+claim skips paused queues from the next claim on, whatever process it runs in; the gauge
+``jobfence_queue_paused{queue}`` (the ops API's ``/metrics``, and workers' gauge refresh)
+shows it. Jobs keep arriving in a paused queue; running jobs finish. Brokers cannot be
+paused this way (see docs/job-control.md).
 
 Every action appends an audit row in the transaction that makes it. Job rows live in the
 queue's database (``queue_db``, the app's own database unless the queue is elsewhere);
@@ -263,12 +265,15 @@ async def show_job(
 async def _locked(tx: Tx, job: int, actor: Actor) -> Mapping[str, Any]:
     _id(job, "the job id")
     rows = await tx.q("job_lock", {"id": job})
-    if not rows or not actor.sees(rows[0]["partner"]):
+    # PostgreSQL skips a row locked already: the transaction of an attempt running it
+    seen = rows or await tx.q("job_get", {"id": job})
+    if not seen or not actor.sees(seen[0]["partner"]):
         raise NotFound(f"no job {job} in the queue (done, dead-lettered, or never there)")
-    if rows[0]["state"] == "running":
+    if not rows or seen[0]["state"] == "running":
         raise ReviewConflict(
-            f"job {job} is running on worker {rows[0]['worker_id']}; wait until its attempt "
-            "ends (it is then done, retrying or a dead letter)"
+            f"job {job} is running on worker {seen[0]['worker_id']}; a running job cannot be "
+            "cancelled or retried: wait until its attempt ends (it is then done, retrying or "
+            "a dead letter), or pause its queue to stop further claims"
         )
     return rows[0]
 
@@ -320,6 +325,7 @@ async def cancel_job(
                 "history": history_json(history),
                 "enqueued_at": row["enqueued_at"],
                 "partner": row["partner"],
+                "trace_context": row["trace_context"],
                 "actor": actor.name,
                 "reason": why,
             },

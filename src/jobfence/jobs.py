@@ -99,6 +99,8 @@ class Delivery:
     #: the broker stopped delivering this message by a rule of its own (Pub/Sub's
     #: max_delivery_attempts) and says why: the harness dead-letters it without running it
     given_up: str | None = None
+    #: the W3C trace context the job travels with (:func:`trace_context_of`), else None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,50 @@ def partner_of(payload: bytes) -> str | None:
     try:
         value.encode("utf-8")  # a lone surrogate is no name
     except UnicodeEncodeError:
+        return None
+    return value
+
+
+#: The W3C trace-context headers a job carries on a broker (docs/tracing.md).
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+#: The longest stored trace context (the columns' CHECK): a traceparent is 55 characters and
+#: W3C asks a tracestate to be kept to 512.
+MAX_TRACE_CONTEXT = 1024
+
+
+def trace_context_of(traceparent: object, tracestate: object = None) -> str | None:
+    """A job's stored trace context from its W3C headers (str or bytes): ``traceparent``,
+    then a space and ``tracestate`` when there is one. None when there is no usable
+    traceparent; a context that would be too long keeps only its traceparent. The content is
+    checked by the propagator that reads it (a malformed one starts a new trace)."""
+    parent = _header_text(traceparent)
+    if not parent or " " in parent or len(parent) > 128:
+        return None
+    state = _header_text(tracestate)
+    if state and len(parent) + 1 + len(state) <= MAX_TRACE_CONTEXT:
+        return f"{parent} {state}"
+    return parent
+
+
+def trace_headers(trace_context: str | None) -> dict[str, str]:
+    """The W3C headers of a stored trace context (none for None)."""
+    if not trace_context:
+        return {}
+    parent, _, state = trace_context.partition(" ")
+    return {TRACEPARENT: parent, TRACESTATE: state} if state else {TRACEPARENT: parent}
+
+
+def _header_text(value: object) -> str | None:
+    if isinstance(value, bytes | bytearray):
+        try:
+            value = bytes(value).decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    if not value or not value.isascii() or not value.isprintable():
         return None
     return value
 

@@ -125,6 +125,7 @@ def letter_params(
         "enqueued_at": db.at(delivery.enqueued_at),
         "partner": partner_of(payload),
         "trace": None,
+        "trace_context": delivery.trace_context,
     }
 
 

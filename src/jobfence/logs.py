@@ -1,4 +1,6 @@
-"""Structured logs (SPEC K2): every job event carries job_id and correlation_id.
+"""Structured logs (SPEC K2): every job event carries job_id and correlation_id, and, with
+the ``otel`` extra, the ``trace_id`` and ``span_id`` of the span it happened in
+(:class:`jobfence.tracing.TraceIds`, docs/tracing.md).
 
 The library logs through stdlib ``logging`` with the fields in ``extra``, so it fits any
 application's logging. The CLI renders them with structlog, as JSON lines or for a console.
@@ -16,6 +18,8 @@ import structlog
 from .errors import Category, RetryMode
 from .jobs import Delivery, Job
 from .observers import Observer
+from .tracing import AVAILABLE as TRACING_AVAILABLE
+from .tracing import TraceIds
 
 log = logging.getLogger("jobfence.worker")
 
@@ -158,6 +162,8 @@ def configure(level: str = "INFO", fmt: str = "console") -> None:
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
+    if TRACING_AVAILABLE:
+        handler.addFilter(TraceIds())
     root = logging.getLogger("jobfence")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -165,6 +171,8 @@ def configure(level: str = "INFO", fmt: str = "console") -> None:
     foreign = logging.StreamHandler(sys.stderr)
     foreign.setFormatter(formatter)
     foreign.addFilter(OneLine())
+    if TRACING_AVAILABLE:
+        foreign.addFilter(TraceIds())
     for name in FOREIGN_LOGGERS:
         library = logging.getLogger(name)
         library.handlers[:] = [foreign]

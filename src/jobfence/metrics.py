@@ -1,4 +1,6 @@
-"""Prometheus metrics (SPEC K1), fed by an :class:`~jobfence.observers.Observer`.
+"""Prometheus metrics (SPEC K1), fed by an :class:`~jobfence.observers.Observer`, the
+background duties and :mod:`jobfence.health`. docs/metrics.md lists every series (a test
+checks that it and this registry agree).
 
 The metric objects live in prometheus-client's default registry, once per process, so every
 App in a process reports into the same series.
@@ -53,6 +55,76 @@ ALERTS_UNDELIVERED = Gauge(
     "jobfence_alert_deliveries_pending",
     "Alert deliveries not yet accepted by their sink (due later or being retried).",
 )
+QUEUE_DUE = Gauge(
+    "jobfence_queue_due_jobs", "Jobs in the database queue that are due to run now.", ["queue"]
+)
+QUEUE_OLDEST_DUE = Gauge(
+    "jobfence_queue_oldest_due_job_age_seconds",
+    "How long the oldest due job of the database queue has waited since it fell due.",
+    ["queue"],
+)
+QUEUE_PAUSED = Gauge(
+    "jobfence_queue_paused",
+    "1 for each queue an operator paused (ops API or console).",
+    ["queue"],
+)
+OUTBOX_BACKLOG = Gauge(
+    "jobfence_outbox_backlog",
+    "Unpublished outbox events, by queue and state (PENDING, PUBLISH_FAILED_RETRY).",
+    ["queue", "state"],
+)
+OUTBOX_OLDEST_PENDING = Gauge(
+    "jobfence_outbox_oldest_pending_age_seconds",
+    "Age of the oldest PENDING (not yet published) outbox event, by queue.",
+    ["queue"],
+)
+FENCES = Gauge(
+    "jobfence_fences",
+    "Rows in the fence table (PostgreSQL: the planner's estimate; SQLite: exact).",
+)
+FENCE_BYTES = Gauge(
+    "jobfence_fence_table_bytes", "Size of the fence table with its indexes (PostgreSQL only)."
+)
+GAUGES_REFRESHED = Gauge(
+    "jobfence_gauges_refreshed_timestamp_seconds",
+    "Unix time the database gauges of this process were last read.",
+)
+
+# Background duties (fence cleanup, alert delivery)
+FENCES_DELETED = Counter("jobfence_fences_deleted", "Expired fence rows deleted by cleanup.")
+CLEANUP_SUCCEEDED = Gauge(
+    "jobfence_fence_cleanup_last_success_timestamp_seconds",
+    "Unix time this process last finished a fence cleanup run with nothing left to delete.",
+)
+CLEANUP_FAILURES = Counter(
+    "jobfence_fence_cleanup_failures", "Fence cleanup runs that failed with an error."
+)
+ALERTS_DELIVERED = Counter(
+    "jobfence_alert_deliveries", "Alerts a sink accepted (sink: betterstack, webhook).", ["sink"]
+)
+ALERT_FAILURES = Counter(
+    "jobfence_alert_delivery_failures",
+    "Failed attempts to deliver an alert to a sink (each is retried).",
+    ["sink"],
+)
+
+# The processes themselves (jobfence.health)
+HEARTBEAT = Gauge(
+    "jobfence_heartbeat_timestamp_seconds",
+    "Unix time of the last tick of the process's event loop (every second while it runs).",
+    ["component"],
+)
+READY = Gauge(
+    "jobfence_ready", "1 while the process's /readyz answers ready, else 0.", ["component"]
+)
+WORKERS = Gauge("jobfence_workers", "Workers running in this process.")
+RELAYS = Gauge("jobfence_relays", "Outbox relays running in this process.")
+WORKER_SLOTS = Gauge(
+    "jobfence_worker_slots", "Jobs this process's workers may run at once (--concurrency)."
+)
+WORKER_INFLIGHT = Gauge(
+    "jobfence_worker_inflight_jobs", "Jobs this process's workers are running now."
+)
 
 
 class MetricsObserver(Observer):
@@ -101,5 +173,6 @@ class MetricsObserver(Observer):
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
-    """Expose ``/metrics`` on ``host:port`` in a background thread."""
+    """Expose ``/metrics`` on ``host:port`` in a background thread (without the health
+    endpoints; a worker's and a relay's server is :func:`jobfence.health.serve`)."""
     start_http_server(port, addr=host)

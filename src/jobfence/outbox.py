@@ -29,10 +29,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from . import tracing
 from .db import Database, to_datetime
 from .db.adopt import SyncConnection, adopt_async
 from .errors import (
@@ -77,7 +79,17 @@ def _event(
         "ordering_key": key,
         "correlation_id": job.correlation_id,
         "payload": job.payload,
+        "trace_context": None,
     }
+
+
+def _creating(params: dict[str, Any], dialect: str) -> AbstractContextManager[str | None]:
+    """The ``create`` span of an outbox write (docs/tracing.md), whose context the event and
+    its job carry."""
+    traces = tracing.get()
+    if traces is None:
+        return nullcontext(None)
+    return traces.create(params["queue"], params["event_id"], params["correlation_id"], dialect)
 
 
 def _duplicate(event_id: str) -> EnqueueError:
@@ -115,8 +127,10 @@ async def write(
         sync_way="outbox.write_sync(tx, ...)",
         schema=schema,
     )
-    if not await tx.q("outbox_write", params):
-        raise _duplicate(params["event_id"])
+    with _creating(params, tx.dialect) as trace_context:
+        params["trace_context"] = trace_context
+        if not await tx.q("outbox_write", params):
+            raise _duplicate(params["event_id"])
     return str(params["event_id"])
 
 
@@ -134,9 +148,10 @@ def write_sync(
     or a plain ``def`` handler's ``tx``, inside a transaction the caller commits."""
     params = _event(queue, payload, event_id, key, correlation_id)
     adopted = SyncConnection(connection, doing="write an outbox event", schema=schema)
-    rows = adopted.run("outbox_write", params)
-    if not rows:
-        raise _duplicate(params["event_id"])
+    with _creating(params, adopted.dialect) as trace_context:
+        params["trace_context"] = trace_context
+        if not adopted.run("outbox_write", params):
+            raise _duplicate(params["event_id"])
     return str(params["event_id"])
 
 

@@ -29,6 +29,8 @@ from prometheus_client import Counter
 
 from .db import Database, Tx
 from .errors import Category, ConfigurationError, classify, describe, error_code
+from .health import Health, register, unregister
+from .metrics import RELAYS
 from .outbox import DEFAULT_RETENTION, PUBLISH_FAILED_RETRY, cleanup
 from .retry import RetryPolicy
 from .store import OutgoingJob
@@ -84,9 +86,17 @@ class OutboxEvent:
     payload: bytes
     attempts: int
     claim: Any = None
+    #: the W3C trace context of the event's ``create`` span; its job carries it
+    trace_context: str | None = None
 
     def job(self) -> OutgoingJob:
-        return OutgoingJob(self.queue, self.event_id, self.payload, self.correlation_id)
+        return OutgoingJob(
+            self.queue,
+            self.event_id,
+            self.payload,
+            self.correlation_id,
+            trace_context=self.trace_context,
+        )
 
 
 class RelayObserver:
@@ -174,6 +184,11 @@ class Relay:
         self._task: asyncio.Task[RelayStats] | None = None
         self._waiting = False  # registered in core.outbox_waiters
         self._one_transaction = one_transaction
+        self._forced = False
+        self._round: asyncio.Task[None] | None = None
+
+        #: what /livez and /readyz report for this relay (jobfence.health)
+        self.health = Health("relay")
 
     @property
     def direct(self) -> bool:
@@ -218,8 +233,38 @@ class Relay:
         self._wake.set()
 
     def request_stop(self) -> None:
+        """Stop after the current round (what SIGTERM/SIGINT does)."""
         self._stop.set()
         self._wake.set()
+        self.health.draining = True
+
+    def force_stop(self) -> None:
+        """Stop now (what a second SIGTERM/SIGINT does): the round in progress is cancelled.
+        Nothing is lost: a round in one transaction rolls back; otherwise its claimed events
+        are relayed again when their claim (``lease``) runs out — an event whose publish was
+        under way may go out twice, with the same job id, which the consumer's fence skips."""
+        self.request_stop()
+        if self._forced:
+            return
+        self._forced = True
+        if self._round is not None and not self._round.done():
+            log.warning(
+                "second signal: stopping the relay now, cancelling its current round "
+                f"(its events are relayed again within {self.lease.total_seconds():g}s)",
+                extra={"relay": self.relay_id},
+            )
+            self._round.cancel()
+
+    def _on_signal(self) -> None:
+        if not self._stop.is_set():
+            log.info(
+                "shutdown requested: the relay stops after its current round; a second "
+                "Ctrl-C (SIGINT or SIGTERM) stops it now",
+                extra={"relay": self.relay_id},
+            )
+            self.request_stop()
+        else:
+            self.force_stop()
 
     def start(self) -> asyncio.Task[RelayStats]:
         """Run in the background of the current event loop (e.g. next to a worker)."""
@@ -228,8 +273,11 @@ class Relay:
             self._task = asyncio.create_task(self.run(), name=f"jobfence-{self.relay_id}")
         return self._task
 
-    async def stop(self) -> RelayStats:
-        """Stop a relay started with :meth:`start` after its current round."""
+    async def stop(self, *, force: bool = False) -> RelayStats:
+        """Stop a relay started with :meth:`start` after its current round (``force``: now,
+        see :meth:`force_stop`)."""
+        if force:
+            self.force_stop()
         self.request_stop()
         if self._task is not None:
             await self._task
@@ -237,11 +285,21 @@ class Relay:
 
     async def run(self, *, install_signal_handlers: bool = False) -> RelayStats:
         """Publish until :meth:`request_stop` (or SIGTERM/SIGINT with signal handlers)."""
-        await self.app.open()
+        self.health = Health("relay")
+        register(self.health)
+        try:
+            await self.app.open()
+        except BaseException:
+            unregister(self.health)
+            raise
+        RELAYS.inc()
+        watch = asyncio.create_task(self.health.watch(self.db), name="jobfence-relay-health")
+        self.health.started = True
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
+                loop.add_signal_handler(sig, self._on_signal)
+        self._forced = False
         listener = None
         if self.db.dialect == "postgresql":
             listener = asyncio.create_task(self._listen(), name="jobfence-outbox-listen")
@@ -253,33 +311,23 @@ class Relay:
                 "transport": self.app.transport.name,
             },
         )
-        next_cleanup = 0.0
         try:
-            while not self._stop.is_set():
-                self._wake.clear()
-                try:
-                    claimed = await self.run_once()
-                    if time.monotonic() >= next_cleanup:
-                        self.stats.cleaned += await cleanup(self.db, self.retention)
-                        next_cleanup = time.monotonic() + self.cleanup_interval.total_seconds()
-                except Exception:
-                    log.exception("relay round failed; retrying shortly")
-                    await self._sleep(1.0)
-                    continue
-                if claimed:
-                    # progress: more may be ready (a full batch, or the next event of a key
-                    # whose head just went out)
-                    if self._waiting:
-                        await self._stop_waiting()
-                    continue
-                wait = await self.idle_wait()
-                # registered, look again: for events committed before writers could see it wait
-                waiting = listener is not None and await self._start_waiting(wait)
-                if waiting and await self.run_once():
-                    await self._stop_waiting()
-                    continue
-                await self._sleep(wait)
+            self._round = asyncio.create_task(self._rounds(listener), name="jobfence-relay-rounds")
+            try:
+                await self._round
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not self._forced or (current is not None and current.cancelling()):
+                    raise
         finally:
+            self._round = None
+
+            self.health.draining = True
+            unregister(self.health)
+            RELAYS.dec()
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
             if self._waiting and self.app.is_open:
                 await self._stop_waiting()
             if listener is not None:
@@ -290,9 +338,42 @@ class Relay:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             log.info(
-                "relay stopped", extra={"relay": self.relay_id, "published": self.stats.published}
+                "relay stopped",
+                extra={
+                    "relay": self.relay_id,
+                    "published": self.stats.published,
+                    "forced": self._forced,
+                },
             )
         return self.stats
+
+    async def _rounds(self, listener: asyncio.Task[None] | None) -> None:
+        """Relay round after round until a stop is requested."""
+        next_cleanup = 0.0
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                claimed = await self.run_once()
+                if time.monotonic() >= next_cleanup:
+                    self.stats.cleaned += await cleanup(self.db, self.retention)
+                    next_cleanup = time.monotonic() + self.cleanup_interval.total_seconds()
+            except Exception:
+                log.exception("relay round failed; retrying shortly")
+                await self._sleep(1.0)
+                continue
+            if claimed:
+                # progress: more may be ready (a full batch, or the next event of a key
+                # whose head just went out)
+                if self._waiting:
+                    await self._stop_waiting()
+                continue
+            wait = await self.idle_wait()
+            # registered, look again: for events committed before writers could see it wait
+            waiting = listener is not None and await self._start_waiting(wait)
+            if waiting and await self.run_once():
+                await self._stop_waiting()
+                continue
+            await self._sleep(wait)
 
     async def _start_waiting(self, seconds: float) -> bool:
         """Register as waiting (writers notify until ``seconds`` from now, plus a margin)."""
@@ -368,6 +449,7 @@ class Relay:
                 payload=bytes(row["payload"]),
                 attempts=int(row["attempts"]),
                 claim=row["claim_token"],
+                trace_context=row["trace_context"],
             )
             for row in rows
         ]
@@ -388,6 +470,7 @@ class Relay:
         nothing — lost in a crash, the jobs and the marks go together and the events are
         relayed again. A job it queued is durably gone only after a worker's commit, which
         flushes the WAL up to it first."""
+        began = time.time_ns()
         async with self.db.transaction() as tx:
             await tx.execute("SET LOCAL synchronous_commit = off")
             rows = await tx.q(
@@ -407,6 +490,7 @@ class Relay:
                     correlation_id=row["correlation_id"],
                     payload=bytes(row["payload"] or b""),
                     attempts=int(row["attempts"]),
+                    trace_context=row["trace_context"],
                 )
                 for row in rows
             ]
@@ -415,6 +499,9 @@ class Relay:
         self.stats.rounds += 1
         if not events:
             return 0
+        traces = self.app.tracing
+        if traces is not None:
+            traces.end_spans(traces.relay_spans(events, self.app.transport.name, began))
         self.app.transport.wake()
         for observer in self.observers:
             try:
@@ -427,14 +514,20 @@ class Relay:
         return len(events)
 
     async def _publish(self, group: list[OutboxEvent]) -> None:
+        traces = self.app.tracing
+        spans = [] if traces is None else traces.relay_spans(group, self.app.transport.name)
         try:
             await asyncio.wait_for(
                 self.app.transport.publish([e.job() for e in group]),
                 timeout=self.publish_timeout.total_seconds(),
             )
         except Exception as exc:
+            if traces is not None:
+                traces.end_spans(spans, exc)
             await self._failed(group, exc)
             return
+        if traces is not None:
+            traces.end_spans(spans)
         for observer in self.observers:
             try:
                 await observer.published(group)

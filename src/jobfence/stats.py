@@ -61,16 +61,43 @@ async def stats(
 
 
 async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None:
-    """Set the pending-review, queue-depth and undelivered-alert gauges (SPEC K1)."""
-    from .metrics import ALERTS_UNDELIVERED, PENDING_REVIEW, QUEUE_DEPTH
+    """Set the database gauges (SPEC K1; docs/metrics.md): letters pending review, queue
+    depth, due jobs and the oldest one's wait, paused queues, the outbox backlog, the fence
+    table's size and undelivered alerts. Every query reads a backlog through a partial index
+    or the catalogue; all are read before any gauge changes, so a scrape never sees half."""
+    from . import metrics as m
 
+    source = queue_db or db
     pending = await db.run("dl_pending_counts")
-    depth = await (queue_db or db).run("queue_depth")
+    depth = await source.run("queue_depth")
+    lag = await source.run("gauge_queue_lag")
+    paused = await source.run("queue_pauses")
+    outbox = await db.run("gauge_outbox_backlog")
+    fences = (await db.run("gauge_fences"))[0]
     undelivered = await db.run("alerts_undelivered")
-    PENDING_REVIEW.clear()
+    m.PENDING_REVIEW.clear()
     for row in pending:
-        PENDING_REVIEW.labels(row["queue"], row["category"]).set(int(row["letters"]))
-    QUEUE_DEPTH.clear()
+        m.PENDING_REVIEW.labels(row["queue"], row["category"]).set(int(row["letters"]))
+    m.QUEUE_DEPTH.clear()
     for row in depth:
-        QUEUE_DEPTH.labels(row["queue"], row["state"]).set(int(row["jobs"]))
-    ALERTS_UNDELIVERED.set(int(undelivered[0]["deliveries"]))
+        m.QUEUE_DEPTH.labels(row["queue"], row["state"]).set(int(row["jobs"]))
+    m.QUEUE_DUE.clear()
+    m.QUEUE_OLDEST_DUE.clear()
+    for row in lag:
+        m.QUEUE_DUE.labels(row["queue"]).set(int(row["due"]))
+        m.QUEUE_OLDEST_DUE.labels(row["queue"]).set(max(0.0, float(row["oldest_due_s"] or 0)))
+    m.QUEUE_PAUSED.clear()
+    for row in paused:
+        m.QUEUE_PAUSED.labels(row["queue"]).set(1)
+    m.OUTBOX_BACKLOG.clear()
+    m.OUTBOX_OLDEST_PENDING.clear()
+    for row in outbox:
+        m.OUTBOX_BACKLOG.labels(row["queue"], row["state"]).set(int(row["events"]))
+        if row["state"] == "PENDING":
+            oldest = max(0.0, float(row["oldest_s"] or 0))
+            m.OUTBOX_OLDEST_PENDING.labels(row["queue"]).set(oldest)
+    m.FENCES.set(int(fences["fences"]))
+    if fences["bytes"] is not None:
+        m.FENCE_BYTES.set(int(fences["bytes"]))
+    m.ALERTS_UNDELIVERED.set(int(undelivered[0]["deliveries"]))
+    m.GAUGES_REFRESHED.set_to_current_time()

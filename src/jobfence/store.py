@@ -30,6 +30,8 @@ class OutgoingJob:
     payload: bytes
     correlation_id: str | None = None
     delay: float = 0.0  # seconds
+    #: the W3C trace context it travels with (:func:`jobfence.jobs.trace_context_of`)
+    trace_context: str | None = None
 
     def params(self) -> dict[str, Any]:
         return {
@@ -39,6 +41,7 @@ class OutgoingJob:
             "correlation_id": self.correlation_id,
             "delay": float(self.delay),
             "partner": partner_of(self.payload),
+            "trace_context": self.trace_context,
         }
 
 
@@ -110,10 +113,17 @@ class Store:
             await tx.q("enqueue", params[0])
         elif len(params) >= COPY_THRESHOLD and tx.can_copy and not any(p["delay"] for p in params):
             rows = (
-                (p["queue"], p["job_id"], p["correlation_id"], p["payload"], p["partner"])
+                (
+                    p["queue"],
+                    p["job_id"],
+                    p["correlation_id"],
+                    p["payload"],
+                    p["partner"],
+                    p["trace_context"],
+                )
                 for p in params
             )
-            await tx.copy("copy_jobs", rows, ["text", "text", "text", "bytea", "text"])
+            await tx.copy("copy_jobs", rows, ["text", "text", "text", "bytea", "text", "text"])
         else:
             await tx.qmany("enqueue", params)
 

@@ -2,7 +2,10 @@
 
 Graceful shutdown (SPEC H4): on SIGTERM/SIGINT it stops fetching, lets in-flight jobs finish
 for ``shutdown_grace`` seconds, then cancels the rest (their transactions roll back and the
-jobs are handed back to the queue).
+jobs are handed back to the queue). A second signal cancels them at once. It says what it waits
+for: the jobs in flight when the stop was asked, every few seconds while it waits, and what it
+cancelled. Plain ``def`` handlers run in daemon threads (:mod:`jobfence.threads`), so one still
+blocked cannot keep the process alive once the worker has stopped.
 """
 
 from __future__ import annotations
@@ -14,19 +17,26 @@ import logging
 import signal
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from .harness import Harness, Outcome
+from .health import Health, register, unregister
 from .jobs import Delivery
 from .maintenance import housekeeping
+from .metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
+from .threads import DaemonThreadPool
 
 if TYPE_CHECKING:
     from .app import App
 
 log = logging.getLogger("jobfence.worker")
+
+#: in-flight jobs named by id in a shutdown line (the count is always given)
+NAMED_JOBS = 5
+#: how long cancelled jobs get to roll back and be handed back before the worker stops anyway
+CANCEL_TIMEOUT = 10.0
 
 
 @dataclass
@@ -118,31 +128,95 @@ class Worker:
         self._buffer: collections.deque[Delivery] = collections.deque()
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
+        self._force = asyncio.Event()
         self._inflight: dict[asyncio.Task[list[Outcome]], list[Delivery]] = {}
+        self._began: dict[asyncio.Task[list[Outcome]], float] = {}
+        self._deadline: float | None = None
+        #: while shutting down, a line on what the worker still waits for this often (seconds)
+        self.wait_report_interval = 5.0
+        #: jobs cancelled at the end of the grace or by a forced stop (rolled back, handed back)
+        self.cancelled = 0
+
+        #: what /livez and /readyz report for this worker (jobfence.health)
+        self.health = Health("worker")
 
     def request_stop(self) -> None:
-        """Stop fetching and shut down gracefully (what SIGTERM does)."""
+        """Stop fetching and shut down gracefully (what SIGTERM does): in-flight jobs get
+        ``shutdown_grace`` seconds to finish."""
         if not self._stop.is_set():
-            log.info(
-                "shutdown requested: finishing in-flight jobs",
-                extra={"inflight": len(self._inflight)},
-            )
+            self._deadline = time.monotonic() + self.shutdown_grace
+            if self._inflight:
+                log.info(
+                    f"shutdown requested: waiting up to {self.shutdown_grace:g}s for "
+                    f"{self._busy()} in-flight job(s); a second Ctrl-C (SIGINT or SIGTERM) "
+                    "cancels them now (rolled back and redelivered)",
+                    extra=self._waiting_for(),
+                )
+            else:
+                log.info("shutdown requested: no job in flight")
         self._stop.set()
+        self.health.draining = True
         if self.app.is_open:
             self.app.transport.wake()
+
+    def force_stop(self) -> None:
+        """Stop now (what a second SIGTERM/SIGINT does): in-flight jobs are cancelled, their
+        transactions roll back and the jobs are handed back for redelivery."""
+        if self._force.is_set():
+            return
+        self.request_stop()
+        self._force.set()
+        if self._inflight:
+            log.warning(
+                f"second signal: forcing the stop, cancelling {self._busy()} in-flight job(s)",
+                extra=self._waiting_for(),
+            )
+
+    def _on_signal(self) -> None:
+        if self._stop.is_set():
+            self.force_stop()
+        else:
+            self.request_stop()
+
+    def _waiting_for(self) -> dict[str, Any]:
+        """The shutdown lines' fields: the in-flight count, the first few jobs (id, queue,
+        seconds running) and the grace left."""
+        now = time.monotonic()
+        jobs = [
+            {"job_id": d.job_id, "queue": d.queue, "running_s": round(now - began, 1)}
+            for task, batch in self._inflight.items()
+            for began in (self._began.get(task, now),)
+            for d in batch
+        ]
+        left = 0.0 if self._deadline is None else max(0.0, self._deadline - now)
+        return {"inflight": len(jobs), "jobs": jobs[:NAMED_JOBS], "grace_left_s": round(left, 1)}
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def forced(self) -> bool:
+        """Whether the stop was forced (a second signal, or :meth:`force_stop`)."""
+        return self._force.is_set()
+
     async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
         app = self.app
-        await app.open(pool_size=self.concurrency + 4)
+        register(self.health)
+        try:
+            await app.open(pool_size=self.concurrency + 4)
+        except BaseException:
+            unregister(self.health)
+            raise
+        WORKERS.inc()
+        WORKER_SLOTS.inc(self.concurrency)
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
-        executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="jobfence-handler")
+                loop.add_signal_handler(sig, self._on_signal)
+        # daemon threads: a `def` handler still blocked after the worker gave up on it (its
+        # statements are refused from then on) does not keep the process alive
+        executor = DaemonThreadPool(self.concurrency, thread_name_prefix="jobfence-handler")
         harness = Harness(
             consumers=app.consumers,
             db=app.db,
@@ -153,8 +227,10 @@ class Worker:
             executor=executor,
             fence_enabled=app._fence_enabled,
             work=app.work_source,
+            tracing=app.tracing,
         )
         background = [
+            asyncio.create_task(self.health.watch(app.db), name="jobfence-health"),
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
             asyncio.create_task(self._maintenance(), name="jobfence-maintenance"),
         ]
@@ -169,10 +245,16 @@ class Worker:
                 "transport": app.transport.name,
             },
         )
+        self.health.started = True
         try:
             await self._loop(harness)
+            self.health.draining = True
             await self._drain()
         finally:
+            self.health.draining = True
+            unregister(self.health)
+            WORKERS.dec()
+            WORKER_SLOTS.dec(self.concurrency)
             for task in background:
                 task.cancel()
             for task in background:
@@ -182,7 +264,10 @@ class Worker:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             executor.shutdown(wait=False, cancel_futures=True)
-            log.info("worker stopped", extra={"handled": self.stats.handled})
+            log.info(
+                "worker stopped",
+                extra={"handled": self.stats.handled, "cancelled": self.cancelled},
+            )
         return self.stats
 
     async def _loop(self, harness: Harness) -> None:
@@ -242,10 +327,15 @@ class Worker:
         batch = harness.take(self._buffer, size)
         task = asyncio.create_task(harness.handle_batch(batch))
         self._inflight[task] = batch
+        self._began[task] = time.monotonic()
+        WORKER_INFLIGHT.inc(len(batch))
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[list[Outcome]]) -> None:
-        self._inflight.pop(task, None)
+        batch = self._inflight.pop(task, None)
+        if batch is not None:
+            WORKER_INFLIGHT.dec(len(batch))
+        self._began.pop(task, None)
         if task.cancelled():
             return
         exc = task.exception()
@@ -267,17 +357,55 @@ class Worker:
             log.exception("could not release a job on shutdown; its lease will expire")
 
     async def _drain(self) -> None:
-        if not self._inflight:
+        """Wait for the in-flight jobs until they finish, the grace ends or a second signal
+        forces the stop, saying every ``wait_report_interval`` what is still running; then
+        cancel the rest (their transactions roll back; the harness hands them back)."""
+        deadline = self._deadline or time.monotonic() + self.shutdown_grace
+        force = asyncio.ensure_future(self._force.wait())
+        report = time.monotonic() + self.wait_report_interval
+        try:
+            while self._inflight and not self._force.is_set():
+                now = time.monotonic()
+                if now >= deadline:
+                    log.warning(
+                        f"shutdown grace period over: cancelling {self._busy()} in-flight "
+                        "job(s) (rolled back and handed back for redelivery)",
+                        extra=self._waiting_for(),
+                    )
+                    break
+                if now >= report:
+                    report = now + self.wait_report_interval
+                    log.info(
+                        f"still waiting for {self._busy()} in-flight job(s); a second "
+                        "Ctrl-C cancels them",
+                        extra=self._waiting_for(),
+                    )
+                await asyncio.wait(
+                    [*self._inflight, force],
+                    timeout=min(deadline, report) - now,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+        finally:
+            force.cancel()
+        pending = list(self._inflight)
+        if not pending:
             return
-        _, pending = await asyncio.wait(list(self._inflight), timeout=self.shutdown_grace)
-        if pending:
-            log.warning(
-                "shutdown grace period over: cancelling in-flight jobs (they are handed back)",
-                extra={"jobs": len(pending)},
+        cancelled = [d for task in pending for d in self._inflight.get(task, [])]
+        for task in pending:
+            task.cancel()
+        _, stuck = await asyncio.wait(pending, timeout=CANCEL_TIMEOUT)
+        self.cancelled += len(cancelled)
+        log.warning(
+            f"cancelled {len(cancelled)} in-flight job(s): rolled back, handed back for redelivery",
+            extra={
+                "jobs": [{"job_id": d.job_id, "queue": d.queue} for d in cancelled[:NAMED_JOBS]]
+            },
+        )
+        if stuck:
+            log.error(
+                f"{len(stuck)} cancelled job(s) did not wind up within {CANCEL_TIMEOUT:g}s; "
+                "stopping anyway (their leases expire and they are redelivered)"
             )
-            for task in pending:
-                task.cancel()
-            await asyncio.wait(pending)
 
     async def _summary(self) -> None:
         """Every ``summary_interval``: one INFO line with the jobs/s and outcomes since the

@@ -6,6 +6,8 @@ handler) write the effect (a ledger row), then act on the payload's ``mode``:
 - ``retry-once``: ask for a retry on the first attempt;
 - ``dead``: fail for good (a dead letter);
 - ``sleep``: sleep ``seconds`` inside the transaction, on the first attempt only;
+- ``block-loop`` (queue ``work``): block the event loop itself for ``seconds`` (a handler
+  that calls ``time.sleep`` in an ``async def``: what /livez must catch);
 - anything else: nothing more.
 """
 
@@ -51,7 +53,10 @@ def _after_effect(job: Job[dict[str, Any]]) -> float:
 async def work(job: Job[dict[str, Any]], tx: Tx) -> None:
     await tx.execute(_insert(tx.dialect), (job.job_id, "async", job.attempt))
     seconds = _after_effect(job)
-    if seconds:
+    if job.payload.get("mode") == "block-loop":
+        time.sleep(float(job.payload.get("seconds", 1)))  # noqa: ASYNC251 - on purpose
+        _mark(job, "woke")
+    elif seconds:
         await asyncio.sleep(seconds)
 
 

@@ -72,6 +72,7 @@ def letter_params(
         "enqueued_at": None,
         "partner": partner_of(data),
         "trace": None,
+        "trace_context": None,
     }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobfence import App, Job, NonRetryableError, RetryPolicy, Tx, outbox, replays
+from jobfence import App, Job, NonRetryableError, RetryPolicy, Tx, jobctl, outbox, replays
 from jobfence import deadletters as dl
 from jobfence.alerts import AlertDispatcher
 from jobfence.cleanup import cleanup_fences
@@ -145,6 +145,17 @@ def admin_run(url: str, sql: str) -> None:
         conn.execute(sql)  # type: ignore[arg-type]
 
 
+async def test_the_documented_application_role_names_every_table(pg_database: str) -> None:
+    """Every table of the migrated schema is granted in docs/dead-letters.md's block (and
+    every table it grants exists): a migration that adds a table must extend the block."""
+    granted = set(re.findall(r"\bcore\.(\w+)", documented_grants("jobfence_app")))
+    rows = await query(pg_database, "SELECT tablename FROM pg_tables WHERE schemaname = 'core'")
+    tables = {name for (name,) in rows}
+    assert "queue_pauses" in tables  # the schema is the migrated one
+    assert tables - granted == set(), "tables the application role cannot use"
+    assert granted - tables == set(), "granted tables that do not exist"
+
+
 @pytest.fixture
 async def app_role(pg_database: str) -> AsyncIterator[str]:
     """A login role with exactly the documented grants (and the test's ledger table, as an
@@ -209,6 +220,14 @@ async def test_the_documented_application_role_works_and_cannot_erase_evidence(
             app.db, actor="alice", reason="broker back", event_ids=["evt-app-role"]
         )
         trail = await dl.audit(app.db, actor=ALICE)
+        # job control (issue 14): pause and resume a queue, cancel a waiting job
+        await jobctl.pause_queue(app.db, "points.credit", actor=ALICE, reason="ERP down")
+        await jobctl.resume_queue(app.db, "points.credit", actor=ALICE)
+        await app.enqueue("points.credit", {"member": "m", "points": 5}, job_id="late-1")
+        page = await jobctl.list_jobs(app.db, jobctl.JobFilter(job_id="late-1"), actor=ALICE)
+        cancelled = await jobctl.cancel_job(
+            app.db, page.items[0].id, actor=ALICE, reason="entered twice"
+        )
 
     assert await query(url, "SELECT count(*) FROM ledger") == [(2,)]
     assert cleaned.deleted == 2
@@ -216,6 +235,9 @@ async def test_the_documented_application_role_works_and_cannot_erase_evidence(
     assert redriven == ["evt-app-role"]
     assert [e.action for e in trail.items][-2:] == ["dead_letter.replay", "dead_letter.discard"]
     assert await query(url, "SELECT count(*) FROM core.alert_events") == [(0,)]
+    assert await query(
+        url, f"SELECT status FROM core.dead_letters WHERE id = {cancelled.dead_letter_id}"
+    ) == [("discarded",)]
 
     decided = letters[0]
     refused = [
@@ -248,4 +270,4 @@ async def test_the_documented_application_role_works_and_cannot_erase_evidence(
     statuses = await query(
         pg_database, "SELECT status, count(*) FROM core.dead_letters GROUP BY 1 ORDER BY 1"
     )
-    assert statuses == [("discarded", 1), ("replayed", 2)]
+    assert statuses == [("discarded", 2), ("replayed", 2)]  # one discarded, one cancelled

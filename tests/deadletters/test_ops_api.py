@@ -57,6 +57,15 @@ def routes(letter: int, replay: int) -> list[tuple[str, str, dict[str, Any] | No
         ("GET", "/v1/outbox/events/00000000-0000-0000-0000-000000000000", None, "viewer", False),
         ("POST", "/v1/outbox/events/redrive", {"reason": "broker back"}, "operator", False),
         ("GET", "/v1/outbox/events/redrive/preview", None, "operator", False),
+        ("GET", "/v1/jobs", None, "viewer", False),
+        ("GET", "/v1/jobs/1", None, "viewer", False),
+        ("POST", "/v1/jobs/1/cancel", {"reason": "dup"}, "operator", False),
+        ("POST", "/v1/jobs/1/retry-now", {}, "operator", False),
+        ("GET", "/v1/queues", None, "viewer", False),
+        ("POST", "/v1/queues/points.credit/pause", {}, "operator", False),
+        ("POST", "/v1/queues/points.credit/resume", {}, "operator", False),
+        ("POST", "/v1/discards", {"filter": {"queue": "points.credit"}}, "operator", False),
+        ("POST", "/v1/discards/run", {"upto_id": 1, "expect": 1}, "operator", False),
     ]
 
 
@@ -98,7 +107,7 @@ async def test_every_route_denies_by_default(ops: OpsServer) -> None:
             assert (r.status_code, r.json()["code"]) == (413, "PAYLOAD_TOO_LARGE"), path
             checked += 1
         health = await anonymous.get("/healthz")
-    assert checked == 16
+    assert checked == 25
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     assert await audit_actions(ops.database_url) == before
     state = await query(
@@ -251,6 +260,7 @@ async def test_show_gives_payload_attempts_error_and_correlation_id(ops: OpsServ
             "category": "TEMPORARY_ERROR",
             "error": "503",
             "retry_at": "2024-01-01T00:00:30Z",
+            "trace": None,  # written without a traceback: null, never missing
         }
     ]
     assert all("payload" not in item for item in listing["items"])
@@ -359,10 +369,18 @@ async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:
         "/v1/dead-letters/{letter_id}",
         "/v1/dead-letters/{letter_id}/discard",
         "/v1/dead-letters/{letter_id}/replay",
+        "/v1/discards",
+        "/v1/discards/run",
+        "/v1/jobs",
+        "/v1/jobs/{job}",
+        "/v1/jobs/{job}/cancel",
+        "/v1/jobs/{job}/retry-now",
         "/v1/outbox/events",
         "/v1/outbox/events/redrive",
         "/v1/outbox/events/redrive/preview",
         "/v1/outbox/events/{event_id}",
+        "/v1/queues",
+        "/v1/queues/{queue}/{action}",
         "/v1/replays",
         "/v1/replays/{replay_id}",
         "/v1/replays/{replay_id}/items",

@@ -9,7 +9,6 @@ import asyncio
 import http.client
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -31,7 +30,9 @@ HEALTHY_MS = 15.0
 
 
 def keepalive_ms(url: str, path: str = "/healthz", requests: int = 15) -> float:
-    """Median latency of ``requests`` GETs sent one after another on one connection."""
+    """The fastest of ``requests`` GETs sent one after another on one connection. Nagle and
+    delayed ACK delay *every* answer by ≥ 40 ms, so even the fastest shows it; a loaded machine
+    only delays some answers, so the fastest stays quick (the median did not, at load 12)."""
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     times = []
@@ -45,7 +46,7 @@ def keepalive_ms(url: str, path: str = "/healthz", requests: int = 15) -> float:
             times.append((time.perf_counter() - started) * 1000)
     finally:
         conn.close()
-    return statistics.median(times[1:])  # the first one pays for the connection
+    return min(times[1:])  # the first one pays for the connection
 
 
 async def hello(scope: dict[str, Any], receive: Any, send: Any) -> None:

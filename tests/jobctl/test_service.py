@@ -4,17 +4,19 @@ one transaction with its audit row), retry-now, pause/resume, partner scope, bul
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
-from jobfence import App, discards, jobctl
+from jobfence import App, Job, Tx, discards, jobctl
 from jobfence.deadletters import Actor, Filter
 from jobfence.errors import InvalidRequest, NotFound, ReviewConflict
 
 from ..deadletters.conftest import letter_params, seed_letters
-from ..helpers import query, table
+from ..helpers import RunningWorker, eventually, query, table
 
 OPS = Actor("otto", "cli")
 
@@ -191,6 +193,35 @@ async def test_running_jobs_cannot_be_cancelled_and_retry_now_makes_due(
     assert job.run_at <= datetime.now(UTC) + timedelta(seconds=1)
     again = await app.transport.fetch(["mail"], 5, 0)
     assert [d.job_id for d in again] == ["m-2"]
+
+
+async def test_cancel_of_a_job_whose_handler_is_working_answers_at_once(
+    pg_database: str,
+) -> None:
+    """A running job's attempt holds its queue row in the handler's transaction: cancel and
+    retry-now say "running" at once instead of waiting for the handler to finish."""
+    app = App(pg_database)
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    @app.consumer("mail")
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        inside.set()
+        await release.wait()
+
+    async with app:
+        await app.enqueue("mail", {"n": 1}, job_id="m-1")
+        (row,) = (await row_ids(pg_database)).values()
+        async with RunningWorker(app) as w:
+            await asyncio.wait_for(inside.wait(), timeout=30)
+            for act in (
+                jobctl.cancel_job(app.db, row, actor=OPS, reason="stop it"),
+                jobctl.retry_now(app.db, row, actor=OPS),
+            ):
+                with pytest.raises(ReviewConflict, match="running on worker"):
+                    await asyncio.wait_for(act, timeout=10)  # not blocked by the handler
+            release.set()
+            await eventually(lambda: w.stats.handled == 1, what="the job done")
+    assert await query(pg_database, "SELECT count(*) FROM core.dead_letters") == [(0,)]
 
 
 async def test_pause_stops_claims_and_resume_restores_them(app: App, database_url: str) -> None:

@@ -196,6 +196,29 @@ async def test_a_session_expires(pg_database: str) -> None:
     await app.close()
 
 
+async def test_static_files_are_gzipped_and_pages_are_not(sqlite_database: str) -> None:
+    """CSS and JavaScript go gzipped to clients that accept it; pages (they carry the CSRF
+    token beside text a link chooses) never are, so their sizes leak nothing (BREACH)."""
+    tokens = await make_tokens(sqlite_database)
+    app = App(sqlite_database)
+    async with (
+        serve(create_app(jobfence_app=app)) as base,
+        httpx.AsyncClient(base_url=base, headers={"Origin": base}) as client,
+    ):
+        await client.post("/ui/login", data={"token": tokens.viewer})
+        gzip = {"Accept-Encoding": "gzip"}
+        script = await client.get("/ui/static/vendor/htmx.min.js", headers=gzip)
+        plain = await client.get("/ui/static/vendor/htmx.min.js", headers={"Accept-Encoding": ""})
+        html = await client.get("/ui/dead-letters?queue=anything", headers=gzip)
+    await app.close()
+    assert script.headers["content-encoding"] == "gzip"
+    assert int(script.headers["content-length"]) < len(script.content) / 2  # decoded by httpx
+    assert script.content == plain.content
+    assert "content-encoding" not in plain.headers
+    assert html.status_code == 200
+    assert "content-encoding" not in html.headers
+
+
 async def test_overview_refreshes_share_recent_counts(pg_database: str) -> None:
     """The automatic refresh reuses counts made within `reuse` seconds (for every open tab);
     opening the page counts afresh."""

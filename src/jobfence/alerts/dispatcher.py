@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..db import Database, Tx, to_datetime
 from ..errors import TAXONOMY, Category, ConfigurationError
 from ..leases import Lease, default_holder
+from ..metrics import ALERT_FAILURES, ALERTS_DELIVERED
 from .events import fingerprint, redact
 from .sinks import Alert, AlertSink
 
@@ -330,9 +331,11 @@ class AlertDispatcher:
                 },
             )
             result.failed += 1
+            ALERT_FAILURES.labels(sink.key).inc()
             return
         await self.db.run("alert_delivered", ref)
         result.delivered += 1
+        ALERTS_DELIVERED.labels(sink.key).inc()
 
     async def run(self, *, interval: timedelta, stop: asyncio.Event | None = None) -> None:
         """Tick every ``interval`` until ``stop`` is set or the task is cancelled."""

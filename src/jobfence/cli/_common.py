@@ -289,6 +289,49 @@ def log_options(func: F) -> F:
     )(func)
 
 
+def metrics_options(func: F) -> F:
+    """``--metrics-port``, ``--metrics-host`` and ``--liveness-timeout`` of the long-running
+    processes (worker, relay): /metrics, /livez and /readyz on one port."""
+    func = click.option(
+        "--liveness-timeout",
+        type=Duration(minimum=timedelta(seconds=2)),
+        envvar="JOBFENCE_LIVENESS_TIMEOUT",
+        show_envvar=True,
+        default="30s",
+        show_default=True,
+        help="/livez fails when the event loop has not ticked for this long (a stuck loop).",
+    )(func)
+    func = click.option(
+        "--metrics-host",
+        envvar="JOBFENCE_METRICS_HOST",
+        show_envvar=True,
+        default="127.0.0.1",
+        show_default=True,
+        help="Address /metrics, /livez and /readyz listen on (0.0.0.0 in a container).",
+    )(func)
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(1, 65535),
+        envvar="JOBFENCE_METRICS_PORT",
+        show_envvar=True,
+        default=None,
+        help="Serve Prometheus /metrics and the /livez and /readyz probes on this port "
+        "(default: not served).",
+    )(func)
+
+
+def serve_probes(port: int | None, host: str, liveness_timeout: timedelta) -> None:
+    """Start the metrics and health server (:func:`jobfence.health.serve`) when asked to."""
+    if not port:
+        return
+    from ..health import serve
+
+    try:
+        serve(port, host, liveness_timeout=liveness_timeout.total_seconds())
+    except OSError as exc:
+        raise click.UsageError(f"cannot serve metrics on {host}:{port}: {exc}") from None
+
+
 def limit_option(default: int = 50) -> Callable[[F], F]:
     """``--limit``: rows per page, capped as the ops API caps it (``MAX_PAGE``)."""
     from ..deadletters import MAX_PAGE

@@ -26,7 +26,9 @@ from ._common import (
     log_options,
     main_group,
     make_app,
+    metrics_options,
     run,
+    serve_probes,
     transport_option,
 )
 
@@ -113,22 +115,7 @@ def _migration_sql(database_url: str | None, dialect: str | None, after: int) ->
     show_default=True,
     help="Jobs processed at once.",
 )
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    envvar="JOBFENCE_METRICS_PORT",
-    show_envvar=True,
-    default=None,
-    help="Serve Prometheus /metrics on this port (default: not served).",
-)
-@click.option(
-    "--metrics-host",
-    envvar="JOBFENCE_METRICS_HOST",
-    show_envvar=True,
-    default="127.0.0.1",
-    show_default=True,
-    help="Address /metrics listens on (0.0.0.0 in a container).",
-)
+@metrics_options
 @click.option(
     "--batch-size",
     type=click.IntRange(1, MAX_BATCH_SIZE),
@@ -165,7 +152,8 @@ def _migration_sql(database_url: str | None, dialect: str | None, after: int) ->
     show_envvar=True,
     default="30s",
     show_default=True,
-    help="How long in-flight jobs get to finish after SIGTERM.",
+    help="How long in-flight jobs get to finish after SIGTERM/SIGINT; a second signal cancels "
+    "them at once (rolled back, redelivered).",
 )
 @click.option(
     "--summary-interval",
@@ -186,6 +174,7 @@ def worker(
     concurrency: int,
     metrics_port: int | None,
     metrics_host: str,
+    liveness_timeout: timedelta,
     batch_size: int,
     batch_window: timedelta,
     prefetch: int | None,
@@ -196,7 +185,6 @@ def worker(
 ) -> None:
     """Run a worker for APP (module:attribute, e.g. myapp:app) until SIGTERM."""
     from .. import logs
-    from ..metrics import serve_metrics
 
     logs.configure(log_level, log_format)
     app = make_app(database_url, transport, app_spec=app_spec, create=True)
@@ -209,13 +197,7 @@ def worker(
         batch_window=batch_window.total_seconds(),
         summary_interval=summary_interval.total_seconds(),
     )
-    if metrics_port:
-        try:
-            serve_metrics(metrics_port, metrics_host)
-        except OSError as exc:
-            raise click.UsageError(
-                f"cannot serve metrics on {metrics_host}:{metrics_port}: {exc}"
-            ) from None
+    serve_probes(metrics_port, metrics_host, liveness_timeout)
 
     async def go() -> None:
         try:

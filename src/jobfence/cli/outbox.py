@@ -31,7 +31,9 @@ from ._common import (
     log_options,
     main_group,
     make_app,
+    metrics_options,
     run,
+    serve_probes,
     transport_option,
 )
 
@@ -83,6 +85,7 @@ from ._common import (
     show_default=True,
     help="With --with-worker: jobs the worker processes at once.",
 )
+@metrics_options
 @log_options
 def relay(
     app_spec: str | None,
@@ -93,6 +96,9 @@ def relay(
     retention: timedelta,
     with_worker: bool,
     concurrency: int,
+    metrics_port: int | None,
+    metrics_host: str,
+    liveness_timeout: timedelta,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -114,6 +120,7 @@ def relay(
         poll_interval=poll_interval.total_seconds() if poll_interval else None,
         retention=retention,
     )
+    serve_probes(metrics_port, metrics_host, liveness_timeout)
 
     async def go() -> None:
         try:
@@ -125,7 +132,8 @@ def relay(
             try:
                 await worker.run(install_signal_handlers=True)
             finally:
-                await the_relay.stop()
+                # a forced stop of the worker (a second signal) stops the relay now too
+                await the_relay.stop(force=worker.forced)
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         finally:

@@ -203,6 +203,16 @@ def ended(how: str) -> TransactionBoundaryError:
     )
 
 
+def let_go(how: str) -> TransactionBoundaryError:
+    """A statement from a handler thread after jobfence let go of its job's transaction."""
+    return TransactionBoundaryError(
+        f"this handler's transaction is gone: {how}. The statement was not run: a handler "
+        "thread that outlives its job can never write outside the job's transaction, nor "
+        "commit without its fence (a cancelled job is redelivered)",
+        code="TX_ENDED",
+    )
+
+
 class BatchLost(Exception):
     """A handler ended a whole group-commit transaction (or released past its savepoint, or
     took transaction-wide state: ``isolate`` names what): no job of the batch committed; the
@@ -307,6 +317,13 @@ class SyncTx:
 
     Each call is carried out on the event loop that owns the connection, so sync and async
     handlers share one driver and one transaction.
+
+    When jobfence is done with the job (the handler returned, or the job was cancelled by a
+    forced stop or the end of the shutdown grace while the thread was still running), it calls
+    :meth:`end`: the transaction is rolled back or committed by then, and its connection may
+    serve another job, so every later call from the thread is refused
+    (:class:`~jobfence.errors.TransactionBoundaryError`) — it can never run outside the job's
+    transaction, nor commit without the fence.
     """
 
     def __init__(self, tx: Tx, loop: asyncio.AbstractEventLoop) -> None:
@@ -314,13 +331,50 @@ class SyncTx:
         self._loop = loop
         self.dialect = tx.dialect
         self.paramstyle = tx.paramstyle
+        self._ended: str | None = None
+        self._pending: set[Any] = set()
 
     @property
     def async_tx(self) -> Tx:
         return self._tx
 
+    @property
+    def ended_how(self) -> str | None:
+        """How the job's transaction ended for this handler (None: it still holds it)."""
+        return self._ended
+
+    def end(self, how: str = "the job was cancelled") -> None:
+        """Refuse every later statement; cancel one still running (call on the loop)."""
+        self._ended = self._ended or how
+        for future in list(self._pending):
+            future.cancel()
+
+    async def _checked(self, coro: Any) -> Any:
+        # on the loop, where end() is called: no statement starts after the job let go
+        if self._ended is not None:
+            coro.close()
+            raise let_go(self._ended)
+        return await coro
+
     def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        if self._ended is not None:
+            coro.close()
+            raise let_go(self._ended)
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._checked(coro), self._loop)
+        except RuntimeError:  # the loop is closed: the process is stopping
+            coro.close()
+            raise let_go("the worker stopped") from None
+        self._pending.add(future)
+        try:
+            return future.result()
+        except Exception as exc:
+            how = self.ended_how  # end() may have run meanwhile, on the loop
+            if how is not None and not isinstance(exc, TransactionBoundaryError):
+                raise let_go(how) from exc
+            raise
+        finally:
+            self._pending.discard(future)
 
     def execute(self, sql: str, params: Params = None) -> int:
         result: int = self._run(self._tx.execute(sql, params))

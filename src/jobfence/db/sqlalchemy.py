@@ -26,8 +26,8 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, LiteralString
 
 from sqlalchemy import Connection, Engine, event
@@ -50,6 +50,11 @@ _PID = os.getpid()
 
 
 def _kind(engine: Engine | AsyncEngine) -> Dialect:
+    if not isinstance(engine, Engine | AsyncEngine):
+        raise ConfigurationError(
+            f"App(engine=…) takes a SQLAlchemy AsyncEngine (create_async_engine) or Engine "
+            f"(create_engine), not {type(engine).__name__}"
+        )
     dialect = engine.dialect
     key = f"{dialect.name}+{dialect.driver}"
     if key not in _DRIVERS:
@@ -58,6 +63,11 @@ def _kind(engine: Engine | AsyncEngine) -> Dialect:
             f"SQLite (sqlite+aiosqlite://, sqlite://), not {key}"
         )
     return _DRIVERS[key][0]
+
+
+def is_sync_engine(engine: Any) -> bool:
+    """Whether ``engine`` is a synchronous SQLAlchemy ``Engine`` (not an ``AsyncEngine``)."""
+    return isinstance(engine, Engine)
 
 
 def database_url(engine: Engine | AsyncEngine) -> str:
@@ -180,7 +190,8 @@ class EngineWork:
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise ConfigurationError(
-                f"App(engine=…) takes an AsyncEngine (create_async_engine), not "
+                f"App(engine=…) takes an AsyncEngine (create_async_engine) or an Engine "
+                f"(create_engine), not "
                 f"{type(engine).__name__}"
             )
         self.engine = engine
@@ -271,7 +282,7 @@ class EngineWork:
 
 
 def _status(
-    conn: AsyncConnection, outer: Any, driver: Any, dialect: Dialect
+    conn: AsyncConnection | Connection, outer: Any, driver: Any, dialect: Dialect
 ) -> TransactionBoundaryError | None:
     """What the client side knows before COMMIT: the job's transaction must still be the one
     jobfence began, and (PostgreSQL) not aborted by a failed statement."""
@@ -333,3 +344,154 @@ async def _abandon(tx: Tx, driver: Any) -> None:
             await session.close()
     with contextlib.suppress(Exception):
         await driver.rollback()
+
+
+# -- synchronous engines: `def handle(job, session: Session)` -----------------------------------
+
+
+class SessionHost:
+    """Runs the ``def`` handlers of an app built from a synchronous ``Engine``
+    (``create_engine``): each job's transaction on a connection of that engine, in a worker
+    thread, with a ``Session`` joined to it exactly as :class:`EngineWork` does for an
+    ``AsyncSession`` (fence first, savepoint-mode session, transaction control refused, one
+    COMMIT). A :class:`jobfence.hosted.WorkHost`: the harness plans the steps and decides."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        schema: str,
+        session_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(engine, Engine):
+            raise ConfigurationError(
+                f"expected a SQLAlchemy Engine (create_engine), not {type(engine).__name__}"
+            )
+        self.engine = engine
+        self.dialect: Dialect = _kind(engine)
+        self.sql = queries(self.dialect, schema)
+        self.session_options = dict(session_options or {})
+        self.session_options.setdefault("expire_on_commit", False)
+
+    def check_handler(self, handler: Any, *, is_async: bool) -> None:
+        if is_async:
+            name = getattr(handler, "__name__", repr(handler))
+            raise ConfigurationError(
+                f"{name} is `async def`, but the app's engine is synchronous (create_engine): "
+                "write `def handle(job, session: Session)` (it runs in a worker thread), or "
+                "build the app from an AsyncEngine (create_async_engine)"
+            )
+
+    @contextmanager
+    def transaction(self) -> Iterator[SessionWork]:
+        with self.engine.connect() as conn:
+            work = SessionWork(self, conn)
+            try:
+                yield work
+                work.outer.commit()
+            except BaseException:
+                work.abandon()
+                raise
+
+
+class SessionWork:
+    """One job's transaction on a connection of the user's ``Engine`` (see
+    :class:`SessionHost`)."""
+
+    def __init__(self, host: SessionHost, conn: Connection) -> None:
+        self.host = host
+        self.conn = conn
+        self.dialect = host.dialect
+        self.outer = conn.begin()
+        driver: Any = conn.connection.driver_connection
+        self.driver = driver
+        self.session: Session | None = None
+        self.token = {"jobfence_tx": f"{_PID}.sa.{next(_tokens)}"}
+        if self.dialect == "sqlite":
+            if not self.driver.in_transaction:
+                self.driver.execute("BEGIN IMMEDIATE -- jobfence")
+        else:
+            self.run("lend_begin", self.token)
+
+    def run(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        """One of jobfence's named statements, on the driver's connection."""
+        cur = self.driver.execute(self.host.sql[name], params)
+        if cur.description is None:
+            return []
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    @contextmanager
+    def lend(self) -> Iterator[Session]:
+        guard = TxGuard(active=True)
+        session = Session(
+            bind=self.conn, join_transaction_mode="create_savepoint", **self.host.session_options
+        )
+        self.session = session
+        _Lend(guard).attach(self.conn)
+        sqlite = self.dialect == "sqlite"
+        if sqlite:
+            from .sqlite import _Lent
+
+            authorizer = _Lent()
+            authorizer.guard = guard
+            self.driver.set_authorizer(authorizer.authorize)
+        try:
+            yield session
+        finally:
+            guard.active = False
+            if sqlite:
+                with contextlib.suppress(Exception):  # closed by the handler
+                    self.driver.set_authorizer(None)
+        problem = guard.problem(track_failures=sqlite) or self._status()
+        if problem is not None:
+            raise problem
+        try:
+            if session.in_transaction():
+                session.commit()  # flushes; releases the session's savepoint
+            session.close()
+        except Exception as exc:
+            problem = self._lost()
+            if problem is not None:
+                raise problem from exc
+            raise
+        problem = self._status()
+        if problem is not None:
+            raise problem
+        if not sqlite:
+            import psycopg
+
+            from .postgres import _boundary_error
+
+            try:
+                self.run("lend_commit", self.token)
+            except psycopg.Error as exc:
+                problem = _boundary_error(exc)
+                if problem is not None:
+                    raise problem from exc
+                raise
+
+    def _status(self) -> TransactionBoundaryError | None:
+        return _status(self.conn, self.outer, self.driver, self.dialect)
+
+    def _lost(self) -> TransactionBoundaryError | None:
+        problem = self._status()
+        if problem is not None or self.dialect != "postgresql":
+            return problem
+        try:
+            cur = self.driver.execute("SELECT current_setting('jobfence.tx', true)")
+            found = cur.fetchone()
+        except Exception:
+            return None
+        return (
+            None if found and found[0] == self.token["jobfence_tx"] else ended("ended or replaced")
+        )
+
+    def abandon(self) -> None:
+        """Roll the job's transaction back at the driver, whatever state SQLAlchemy's objects
+        are in (the connection then goes back to the engine's pool)."""
+        if self.session is not None:
+            with contextlib.suppress(Exception):
+                self.session.close()
+        with contextlib.suppress(Exception):
+            self.driver.rollback()

@@ -1,7 +1,8 @@
 """HTTP ingestion idempotency (SPEC I1–I4): ``Idempotency-Key`` / ``X-Idempotency-Key`` for any
 ASGI app. See :mod:`jobfence.http.idempotency` and ``docs/http-idempotency.md``."""
 
-from .idempotency import (
+from .idempotency import IdempotencyMiddleware, idempotency_of
+from .keys import (
     DEFAULT_LEASE,
     DEFAULT_WINDOW,
     IN_FLIGHT,
@@ -11,12 +12,10 @@ from .idempotency import (
     REPLAYED_HEADER,
     TOO_LARGE,
     IdempotencyContext,
-    IdempotencyMiddleware,
     IdempotencyStore,
     KeyProblem,
     cleanup_keys,
     fingerprint_request,
-    idempotency_of,
     parse_key,
     problem_body,
 )

@@ -26,19 +26,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import inspect
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
+from .. import tracing
 from ..config import parse_database_url
-from ..db import Database, Tx, connect, to_datetime
+from ..db import Database, connect, to_datetime
 from ..errors import ConfigurationError, extra_needed
+from .keys import (
+    DEFAULT_LEASE,
+    DEFAULT_MAX_BODY,
+    DEFAULT_WINDOW,
+    HEADER,
+    IN_FLIGHT,
+    MISMATCH,
+    MISSING,
+    REPLAYED_HEADER,
+    TOO_LARGE,
+    X_HEADER,
+    IdempotencyContext,
+    IdempotencyStore,
+    KeyProblem,
+    StoredResponse,
+    cleanup_keys,
+    fingerprint_request,
+    parse_key,
+    problem_body,
+    stored_response,
+)
 
 with extra_needed("ops", "jobfence.http (the idempotency middleware)"):
     from starlette.requests import Request
@@ -46,19 +65,6 @@ with extra_needed("ops", "jobfence.http (the idempotency middleware)"):
 
 log = logging.getLogger("jobfence.http")
 
-HEADER = "idempotency-key"
-X_HEADER = "x-idempotency-key"
-REPLAYED_HEADER = "idempotent-replayed"
-MAX_KEY_LENGTH = 255
-DEFAULT_WINDOW = timedelta(hours=24)
-DEFAULT_LEASE = timedelta(seconds=60)
-DEFAULT_MAX_BODY = 1024 * 1024
-
-MISSING = "IDEMPOTENCY_KEY_MISSING"
-MALFORMED = "IDEMPOTENCY_KEY_MALFORMED"
-MISMATCH = "IDEMPOTENCY_KEY_MISMATCH"
-IN_FLIGHT = "IDEMPOTENCY_KEY_IN_FLIGHT"
-TOO_LARGE = "REQUEST_TOO_LARGE"
 
 # Not replayed: they describe the original exchange, not the resource (and a cookie must not
 # be handed out twice).
@@ -77,185 +83,6 @@ _NOT_STORED = frozenset(
 
 PartnerResolver = Callable[[Request], Awaitable[str | None] | str | None]
 Matcher = Callable[[str, str], bool]
-
-
-def problem_body(status: int, code: str, title: str, detail: str, **extra: Any) -> bytes:
-    """An RFC 9457 problem+json document with a stable machine-readable ``code``."""
-    document = {
-        "type": f"urn:jobfence:problem:{code.lower().replace('_', '-')}",
-        "title": title,
-        "status": status,
-        "detail": detail,
-        "code": code,
-        **extra,
-    }
-    return json.dumps(document, ensure_ascii=False).encode()
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-
-
-@dataclass(frozen=True)
-class IdempotencyContext:
-    """What the app sees at ``request.state.idempotency`` for a request with a key."""
-
-    partner_id: str
-    key: str
-    fingerprint: str
-    expires_at: datetime | None
-    #: with ``IdempotencyMiddleware(one_transaction=True)``: the transaction that claimed the
-    #: key and will store the response; the app writes in it, and it commits once.
-    transaction: Tx | None = None
-
-
-class KeyProblem(Exception):
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
-
-
-def parse_key(values: list[str]) -> str:
-    """The key from the values of both headers, or raise :class:`KeyProblem`.
-
-    A key is 1–255 printable ASCII characters (0x20–0x7E), sent bare or as a structured-field
-    string (``"…"``, as the IETF draft writes it). Sending it twice with different values is
-    malformed.
-    """
-    if not values:
-        raise KeyProblem(
-            MISSING,
-            "this request needs an Idempotency-Key (or X-Idempotency-Key) header: a unique "
-            "value per operation, reused only when retrying that same operation",
-        )
-    keys = set()
-    for raw in values:
-        value = raw.strip()
-        if len(value) >= 2 and value.startswith('"') and value.endswith('"'):
-            value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
-        keys.add(value)
-    if len(keys) > 1:
-        raise KeyProblem(MALFORMED, "the request carries different idempotency keys")
-    key = keys.pop()
-    if not key:
-        raise KeyProblem(MALFORMED, "the idempotency key is empty")
-    if len(key) > MAX_KEY_LENGTH:
-        raise KeyProblem(
-            MALFORMED,
-            f"the idempotency key is {len(key)} characters; at most {MAX_KEY_LENGTH} are allowed",
-        )
-    if any(not (0x20 <= ord(ch) <= 0x7E) for ch in key):
-        raise KeyProblem(
-            MALFORMED, "the idempotency key must be printable ASCII characters (0x20–0x7E)"
-        )
-    return key
-
-
-def fingerprint_request(
-    method: str, path: str, query: bytes, body: bytes, content_type: str
-) -> str:
-    """SHA-256 of the method, path, query and body. A JSON body is canonicalised first (keys
-    sorted, no whitespace), so the same document sent with another key order or spacing is
-    the same request."""
-    canonical = body
-    if "json" in content_type.lower() and body:
-        try:
-            canonical = json.dumps(
-                json.loads(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-            ).encode()
-        except (ValueError, RecursionError):
-            canonical = body
-    digest = hashlib.sha256()
-    for part in (method.upper().encode(), path.encode(), query):
-        digest.update(len(part).to_bytes(8, "big"))
-        digest.update(part)
-    digest.update(canonical)
-    return digest.hexdigest()
-
-
-class IdempotencyStore:
-    """The key table, one operation per named query (``sql/<dialect>/queries/idempotency.sql``)."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-
-    async def claim(
-        self, partner_id: str, key: str, fingerprint: str, *, lease: timedelta, window: timedelta
-    ) -> tuple[str, datetime | None] | None:
-        rows = await self.db.run(
-            "idempotency_claim",
-            {
-                "partner_id": partner_id,
-                "key": key,
-                "fingerprint": fingerprint,
-                "lease": lease.total_seconds(),
-                "window": window.total_seconds(),
-            },
-        )
-        if not rows:
-            return None
-        return str(rows[0]["lease_token"]), to_datetime(rows[0]["expires_at"])
-
-    async def get(self, partner_id: str, key: str) -> dict[str, Any] | None:
-        rows = await self.db.run("idempotency_get", {"partner_id": partner_id, "key": key})
-        return dict(rows[0]) if rows else None
-
-    async def extend(self, partner_id: str, key: str, token: str, lease: timedelta) -> bool:
-        rows = await self.db.run(
-            "idempotency_extend",
-            {"partner_id": partner_id, "key": key, "token": token, "lease": lease.total_seconds()},
-        )
-        return bool(rows)
-
-    async def complete(
-        self,
-        partner_id: str,
-        key: str,
-        token: str,
-        response: StoredResponse,
-        tx: Tx | None = None,
-    ) -> bool:
-        params = {
-            "partner_id": partner_id,
-            "key": key,
-            "token": token,
-            "status_code": response.status,
-            "headers": json.dumps([list(h) for h in response.headers]),
-            "body": response.body,
-        }
-        if tx is not None:
-            return bool(await tx.q("idempotency_complete", params))
-        return bool(await self.db.run("idempotency_complete", params))
-
-    async def release(self, partner_id: str, key: str, token: str) -> None:
-        await self.db.run(
-            "idempotency_release", {"partner_id": partner_id, "key": key, "token": token}
-        )
-
-
-async def cleanup_keys(db: Database, batch: int = 1000) -> int:
-    """Delete keys whose window is over (never one still in flight), in bounded batches."""
-    total = 0
-    while True:
-        rows = await db.run("idempotency_cleanup", {"limit": batch})
-        total += len(rows)
-        if len(rows) < batch:
-            return total
-
-
-def _stored(row: Mapping[str, Any]) -> StoredResponse:
-    headers = row["response_headers"]
-    if isinstance(headers, str | bytes):
-        headers = json.loads(headers)
-    return StoredResponse(
-        status=int(row["status_code"]),
-        headers=[(str(name), str(value)) for name, value in headers],
-        body=bytes(row["response_body"]),
-    )
 
 
 class _Disconnected(Exception):
@@ -328,6 +155,8 @@ class IdempotencyMiddleware:
         self.one_transaction = one_transaction
         self._next_cleanup = 0.0
         self._background: set[asyncio.Task[Any]] = set()
+        #: the span of each keyed request (docs/tracing.md); None without the otel extra
+        self._tracing = tracing.get()
         if isinstance(database, str):
             parse_database_url(database)  # a bad URL fails at start-up, in one line
 
@@ -363,11 +192,26 @@ class IdempotencyMiddleware:
         if partner_id is None:
             await self.app(scope, receive, send)
             return
+        if self._tracing is None:
+            await self._keyed(scope, receive, send, partner_id)
+            return
+        carrier = {n.decode("latin-1"): v.decode("latin-1") for n, v in scope["headers"]}
+        with self._tracing.idempotency(scope["method"], scope["path"], carrier):
+            await self._keyed(scope, receive, send, partner_id)
+
+    def _note(self, outcome: str) -> None:
+        """What the middleware did with a keyed request, on its span: ``executed``,
+        ``replayed``, ``in_flight``, ``mismatch``, ``bad_key``, ``too_large``."""
+        if self._tracing is not None:
+            self._tracing.idempotency_outcome(outcome)
+
+    async def _keyed(self, scope: Scope, receive: Receive, send: Send, partner_id: str) -> None:
         headers = [(name.decode("latin-1"), value) for name, value in scope["headers"]]
         values = [v.decode("latin-1") for n, v in headers if n in (HEADER, X_HEADER)]
         try:
             key = parse_key(values)
         except KeyProblem as exc:
+            self._note("bad_key")
             title = (
                 "Idempotency key missing" if exc.code == MISSING else "Malformed idempotency key"
             )
@@ -378,6 +222,7 @@ class IdempotencyMiddleware:
         except _Disconnected:
             return
         except ValueError:
+            self._note("too_large")
             await _send_problem(
                 send,
                 413,
@@ -404,6 +249,7 @@ class IdempotencyMiddleware:
                     partner_id, key, fingerprint, lease=self.lease, window=self.window
                 )
                 if claimed is not None:
+                    self._note("executed")
                     token, expires_at = claimed
                     context = IdempotencyContext(partner_id, key, fingerprint, expires_at)
                     await self._run(scope, body, send, store, context, token)
@@ -412,6 +258,7 @@ class IdempotencyMiddleware:
             if row is None or row["expired"]:
                 continue  # deleted or expired in between: claim again
             if row["fingerprint"] != fingerprint:
+                self._note("mismatch")
                 await _send_problem(
                     send,
                     409,
@@ -422,6 +269,7 @@ class IdempotencyMiddleware:
                 )
                 return
             if row["state"] == "in_progress":
+                self._note("in_flight")
                 await _send_problem(
                     send,
                     409,
@@ -432,7 +280,8 @@ class IdempotencyMiddleware:
                     extra_headers=[(b"retry-after", b"1")],
                 )
                 return
-            await _send_replay(send, _stored(row))
+            self._note("replayed")
+            await _send_replay(send, stored_response(row))
             return
         raise RuntimeError("idempotency key kept changing state; giving up on this request")
 
@@ -528,6 +377,7 @@ class IdempotencyMiddleware:
             async with store.db.work(["idempotency_claim"], params) as (tx, results):
                 if not results[0]:
                     raise _NotClaimed
+                self._note("executed")
                 claim = results[0][0]
                 token = str(claim["lease_token"])
                 context = IdempotencyContext(

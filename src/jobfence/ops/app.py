@@ -28,7 +28,7 @@ from .auth import Principal
 from .body_limit import DEFAULT_MAX_BODY, BodyLimit
 from .deps import VIEWER, OpsState
 from .problems import install_handlers
-from .routes import audit, dead_letters, outbox, replays, stats
+from .routes import audit, dead_letters, jobs, outbox, replays, stats
 
 __all__ = ["DEFAULT_MAX_BODY", "create_app"]
 
@@ -75,9 +75,11 @@ def create_app(
         title="jobfence ops API",
         version="1",
         description=(
-            "Dead letters for operators: find, understand, replay or discard them, follow "
-            "bulk replays, read the audit log. Authenticate with `Authorization: Bearer "
-            "<token>` (`jobfence ops token create`). Errors are problem+json."
+            "Dead letters for operators: find, understand, replay or discard them (one by "
+            "one or in bulk), follow bulk replays, read the audit log; jobs waiting, running "
+            "or retrying (cancel, retry now) and queues (pause, resume). Authenticate with "
+            "`Authorization: Bearer <token>` (`jobfence ops token create`). Errors are "
+            "problem+json."
         ),
         lifespan=lifespan,
         docs_url=None,
@@ -100,6 +102,7 @@ def create_app(
     api.include_router(dead_letters.router)
     api.include_router(replays.router)
     api.include_router(audit.router)
+    api.include_router(jobs.router)  # job control, queues, bulk discard
     api.include_router(outbox.router(), prefix="/v1")  # outbox listing and re-drive
     if console:
         from .ui import install

@@ -18,7 +18,16 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import Category, ConfigurationError, tail
-from ..jobs import AttemptRecord, Delivery, history_from, history_json
+from ..jobs import (
+    TRACEPARENT,
+    TRACESTATE,
+    AttemptRecord,
+    Delivery,
+    history_from,
+    history_json,
+    trace_context_of,
+    trace_headers,
+)
 from ..store import OutgoingJob
 
 #: Header / field names carried by every broker message.
@@ -123,16 +132,24 @@ class Meta:
     enqueued_at: datetime | None
     attempts: int
     history: list[AttemptRecord]
+    #: the W3C trace context, as the ``traceparent`` and ``tracestate`` headers (the names
+    #: OpenTelemetry's instrumentations of these brokers use too)
+    trace_context: str | None = None
 
     @classmethod
     def new(cls, job: OutgoingJob) -> Meta:
-        return cls(job.job_id, job.correlation_id, utcnow(), 0, [])
+        return cls(job.job_id, job.correlation_id, utcnow(), 0, [], job.trace_context)
 
     @classmethod
     def again(cls, delivery: Delivery, *, attempts: int, history: list[AttemptRecord]) -> Meta:
         """The metadata of a new copy of ``delivery`` (a retry or a hand-back)."""
         return cls(
-            delivery.job_id, delivery.correlation_id, delivery.enqueued_at, attempts, history
+            delivery.job_id,
+            delivery.correlation_id,
+            delivery.enqueued_at,
+            attempts,
+            history,
+            delivery.trace_context,
         )
 
     def headers(self) -> dict[str, str]:
@@ -143,6 +160,7 @@ class Meta:
             headers[ENQUEUED_AT] = iso(self.enqueued_at)
         if self.history:
             headers[HISTORY] = history_json(fit_traces(self.history))
+        headers.update(trace_headers(self.trace_context))
         return headers
 
     @classmethod
@@ -163,6 +181,7 @@ class Meta:
             enqueued_at=parse_iso(text(ENQUEUED_AT)),
             attempts=max(attempts, 0),
             history=history_from(text(HISTORY)),
+            trace_context=trace_context_of(headers.get(TRACEPARENT), headers.get(TRACESTATE)),
         )
 
     def delivery(self, queue: str, payload: bytes, attempt: int, token: Any, ref: Any) -> Delivery:
@@ -176,6 +195,7 @@ class Meta:
             history=with_lost_attempts(list(self.history), attempt),
             token=token,
             ref=ref,
+            trace_context=self.trace_context,
         )
 
 

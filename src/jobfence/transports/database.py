@@ -144,6 +144,7 @@ class DatabaseQueue(Transport):
                 history=history_from(row["history"]),
                 token=row["lease_token"],
                 ref=row["id"],
+                trace_context=row["trace_context"],
             )
             for row in rows
         ]
@@ -233,6 +234,7 @@ class DatabaseQueue(Transport):
                 "enqueued_at": delivery.enqueued_at,
                 "history": history_json(delivery.history),
                 "partner": partner_of(delivery.payload),
+                "trace_context": delivery.trace_context,
                 "category": category.value,
                 "error": error,
                 "trace": trace,

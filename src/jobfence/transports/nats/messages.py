@@ -15,8 +15,9 @@ from .._broker import fit_traces
 #: Bytes of a message's max_payload kept for jobfence's headers. NATS counts headers into
 #: max_payload; the longest headers of a first publish (a 255-character job id and
 #: correlation id of 4-byte characters, percent-encoded: 3 060 bytes each, plus the attempt
-#: count, enqueue time, delay and the expected stream's name) take under 7 KiB.
-HEADER_ROOM = 8 * 1024
+#: count, enqueue time, delay and the expected stream's name) take under 7 KiB, and a W3C
+#: trace context (traceparent and tracestate) at most 1 KiB more.
+HEADER_ROOM = 9 * 1024
 _SAFE = " !#$%&'()*+,-./:;<=>?@[]^_`{|}~"
 
 

@@ -11,6 +11,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from urllib.parse import quote, unquote
 
@@ -294,7 +295,7 @@ class NatsTransport(NatsTopology, Transport):
         refunds = state.refunds if state else 0
         attempt = meta.attempts + md.num_delivered - refunds
         history = [*meta.history, *(state.history if state else [])]
-        meta = Meta(meta.job_id, meta.correlation_id, meta.enqueued_at, meta.attempts, history)
+        meta = replace(meta, history=history)
         token = _Token(msg, stream, seq, state)
         return meta.delivery(queue, msg.data, attempt, token=token, ref=stream)
 
@@ -437,7 +438,7 @@ class NatsTransport(NatsTopology, Transport):
         refunds = state.refunds if state else 0
         attempt = meta.attempts + int(info.get("deliveries", self.max_deliver)) - refunds + 1
         history = [*meta.history, *(state.history if state else [])]
-        meta = Meta(meta.job_id, meta.correlation_id, meta.enqueued_at, meta.attempts, history)
+        meta = replace(meta, history=history)
         log.warning(
             "JetStream stopped redelivering a message (MaxDeliver): handing it to the harness",
             extra={"job_id": meta.job_id, "stream": stream, "seq": seq},

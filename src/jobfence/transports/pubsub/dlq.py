@@ -12,7 +12,7 @@ from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types
 
 from ...errors import Category
-from ...jobs import Delivery
+from ...jobs import Delivery, trace_headers
 from .._broker import JOB_ID
 from .attributes import _fit, read_meta
 from .messaging import PubSubMessaging, _Token
@@ -84,6 +84,7 @@ def dead_letter_attributes(
     found[JOB_ID] = delivery.job_id
     found["jobfence-queue"] = _fit(delivery.queue)
     found["jobfence-consumer"] = _fit(consumer)
+    found.update(trace_headers(delivery.trace_context))  # the job's trace (docs/tracing.md)
     return found
 
 

@@ -4,7 +4,7 @@
 INSERT INTO core.dead_letters (
     queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
     attempts, error_category, error_code, last_error, history, enqueued_at, partner,
-    previous_id)
+    previous_id, trace_context)
 VALUES (
     %(queue)s, %(consumer)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(payload_size)s,
     %(payload_truncated)s, %(attempts)s, %(category)s, %(error_code)s, %(error)s,
@@ -17,7 +17,8 @@ VALUES (
     %(enqueued_at)s, %(partner)s,
     -- a replayed job that fails again links to the letter it was replayed from
     (SELECT max(id) FROM core.dead_letters
-     WHERE job_id = %(job_id)s AND consumer = %(consumer)s AND status = 'replayed'))
+     WHERE job_id = %(job_id)s AND consumer = %(consumer)s AND status = 'replayed'),
+    %(trace_context)s)
 ON CONFLICT DO NOTHING
 RETURNING id
 
@@ -74,14 +75,23 @@ WHERE id = ANY(%(ids)s) AND status = 'pending_review'
 RETURNING id
 
 -- name: dl_requeue
-INSERT INTO core.jobs (queue, job_id, correlation_id, payload, partner)
-SELECT queue, job_id, correlation_id, payload, partner
+-- trace_context: the replay's span (jobfence.tracing), else the letter's own
+INSERT INTO core.jobs (queue, job_id, correlation_id, payload, partner, trace_context)
+SELECT queue, job_id, correlation_id, payload, partner,
+       coalesce(%(trace_context)s, trace_context)
 FROM core.dead_letters
 WHERE id = ANY(%(ids)s)
 ORDER BY id
 
 -- name: dl_payloads
-SELECT id, queue, job_id, correlation_id, payload
+SELECT id, queue, job_id, correlation_id, payload, trace_context
+FROM core.dead_letters
+WHERE id = ANY(%(ids)s)
+ORDER BY id
+
+-- name: dl_trace_contexts
+-- The trace contexts of letters being replayed: the replay's span links to them.
+SELECT id, queue, trace_context
 FROM core.dead_letters
 WHERE id = ANY(%(ids)s)
 ORDER BY id

@@ -31,17 +31,22 @@ LIMIT %(limit)s
 SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, worker_id,
        lease_expires_at, partner, octet_length(payload) AS payload_size,
        history -> -1 ->> 'error' AS last_error, history -> -1 ->> 'category' AS last_category,
-       history <> '[]'::jsonb AS failed, payload, history, run_at > now() AS scheduled
+       history <> '[]'::jsonb AS failed, payload, history, run_at > now() AS scheduled,
+       trace_context
 FROM core.jobs WHERE id = %(id)s
 
 -- name: job_lock
--- The job, locked for an operator's action (a worker's claim skips a locked row).
+-- The job, locked for an operator's action (a worker's claim skips a locked row). A row
+-- locked already is skipped, not waited for: a running job's attempt holds its row for as
+-- long as the handler works (its transaction acks it first), and an operator's cancel must
+-- answer at once ("running"), not wait for the handler.
 SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, worker_id,
        lease_expires_at, partner, octet_length(payload) AS payload_size,
        history -> -1 ->> 'error' AS last_error, history -> -1 ->> 'category' AS last_category,
-       history <> '[]'::jsonb AS failed, payload, history, run_at > now() AS scheduled
+       history <> '[]'::jsonb AS failed, payload, history, run_at > now() AS scheduled,
+       trace_context
 FROM core.jobs WHERE id = %(id)s
-FOR UPDATE
+FOR UPDATE SKIP LOCKED
 
 -- name: job_delete
 DELETE FROM core.jobs WHERE id = %(id)s AND state = 'available' RETURNING id
@@ -66,11 +71,11 @@ ORDER BY queue
 INSERT INTO core.dead_letters (
     queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
     attempts, error_category, error_code, last_error, history, enqueued_at, partner, status,
-    reviewed_at, reviewed_by, review_reason)
+    reviewed_at, reviewed_by, review_reason, trace_context)
 VALUES (
     %(queue)s, %(consumer)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(payload_size)s,
     false, %(attempts)s, 'NON_RETRYABLE_ERROR', 'CANCELLED', %(error)s, %(history)s::jsonb,
-    %(enqueued_at)s, %(partner)s, 'discarded', now(), %(actor)s, %(reason)s)
+    %(enqueued_at)s, %(partner)s, 'discarded', now(), %(actor)s, %(reason)s, %(trace_context)s)
 RETURNING id
 
 -- name: queue_pauses

@@ -1,9 +1,9 @@
 -- The database queue: enqueue, claim, leases, retries, acks (jobfence.transports.database).
 
 -- name: enqueue
-INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at, partner)
+INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at, partner, trace_context)
 VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s,
-        now() + make_interval(secs => %(delay)s), %(partner)s)
+        now() + make_interval(secs => %(delay)s), %(partner)s, %(trace_context)s)
 
 -- name: claim
 -- One ordered index range per queue (an ANY(...) over the queues would read every available
@@ -31,7 +31,7 @@ UPDATE core.jobs AS j SET
 FROM candidates AS c
 WHERE j.id = c.id
 RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
-          j.enqueued_at, j.lease_token, j.history
+          j.enqueued_at, j.lease_token, j.history, j.trace_context
 
 -- name: next_run_at
 SELECT extract(epoch FROM (min(n.run_at) - now()))::float8 AS wait
@@ -137,7 +137,7 @@ FROM input AS i LEFT JOIN acked AS a ON a.id = i.id
 -- A job of a batch failed and will be retried: its queue row (deleted by the batch's ack) is
 -- written again, scheduled, with this attempt in its history.
 INSERT INTO core.jobs (queue, job_id, correlation_id, payload, attempts, run_at, enqueued_at,
-                       history, partner)
+                       history, partner, trace_context)
 VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(attempts)s,
         now() + make_interval(secs => %(delay)s), coalesce(%(enqueued_at)s, now()),
         %(history)s::jsonb || jsonb_build_array(jsonb_build_object(
@@ -148,8 +148,9 @@ VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(attempts)s,
             'retry_at', to_char((now() + make_interval(secs => %(delay)s)) AT TIME ZONE 'UTC',
                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
             || jsonb_strip_nulls(jsonb_build_object('trace', %(trace)s::text))),
-        %(partner)s)
+        %(partner)s, %(trace_context)s)
 
 -- name: copy_jobs
 -- Bulk enqueue (no delays): binary COPY; run_at and enqueued_at take their defaults.
-COPY core.jobs (queue, job_id, correlation_id, payload, partner) FROM STDIN (FORMAT BINARY)
+COPY core.jobs (queue, job_id, correlation_id, payload, partner, trace_context)
+FROM STDIN (FORMAT BINARY)

@@ -1,8 +1,9 @@
 -- The transactional outbox and its relay (jobfence.outbox, jobfence.relay).
 
 -- name: outbox_write
-INSERT INTO core.outbox (event_id, queue, ordering_key, correlation_id, payload)
-VALUES (%(event_id)s, %(queue)s, %(ordering_key)s, %(correlation_id)s, %(payload)s)
+INSERT INTO core.outbox (event_id, queue, ordering_key, correlation_id, payload, trace_context)
+VALUES (%(event_id)s, %(queue)s, %(ordering_key)s, %(correlation_id)s, %(payload)s,
+        %(trace_context)s)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
@@ -28,7 +29,7 @@ UPDATE core.outbox AS o SET
     relay_id = %(relay_id)s
 WHERE o.id = ANY(ARRAY(SELECT id FROM candidates))  -- the primary key, not a scan of the table
 RETURNING o.id, o.event_id, o.queue, o.ordering_key, o.correlation_id, o.payload, o.attempts,
-          o.claim_token
+          o.claim_token, o.trace_context
 
 -- name: outbox_relay_to_jobs
 -- The relay's path when its transport is the job table in this same database: claim a batch
@@ -55,13 +56,13 @@ WITH candidates AS (
         relay_id = %(relay_id)s
     WHERE o.id = ANY(ARRAY(SELECT id FROM candidates))
     RETURNING o.id, o.event_id, o.queue, o.ordering_key, o.correlation_id, o.payload,
-              o.attempts
+              o.attempts, o.trace_context
 ), queued AS (
-    INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at)
-    SELECT queue, event_id, correlation_id, payload, now() FROM moved ORDER BY id
+    INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at, trace_context)
+    SELECT queue, event_id, correlation_id, payload, now(), trace_context FROM moved ORDER BY id
 )
 SELECT id, event_id, queue, ordering_key, correlation_id,
-       CASE WHEN %(with_payload)s THEN payload END AS payload, attempts
+       CASE WHEN %(with_payload)s THEN payload END AS payload, attempts, trace_context
 FROM moved
 ORDER BY id
 
@@ -98,7 +99,7 @@ UPDATE core.outbox SET
     claim_token = NULL,
     claim_expires_at = NULL
 WHERE id = ANY(%(ids)s) AND state = 'PENDING'
-RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts
+RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, trace_context
 
 -- name: outbox_mark_failed
 UPDATE core.outbox SET

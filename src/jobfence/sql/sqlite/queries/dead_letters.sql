@@ -4,7 +4,7 @@
 INSERT INTO core_dead_letters (
     queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
     attempts, error_category, error_code, last_error, history, enqueued_at, failed_at, partner,
-    previous_id)
+    previous_id, trace_context)
 VALUES (
     :queue, :consumer, :job_id, :correlation_id, :payload, :payload_size, :payload_truncated,
     :attempts, :category, :error_code, :error,
@@ -14,7 +14,8 @@ VALUES (
     :enqueued_at, {NOW}, :partner,
     -- a replayed job that fails again links to the letter it was replayed from
     (SELECT max(id) FROM core_dead_letters
-     WHERE job_id = :job_id AND consumer = :consumer AND status = 'replayed'))
+     WHERE job_id = :job_id AND consumer = :consumer AND status = 'replayed'),
+    :trace_context)
 ON CONFLICT DO NOTHING
 RETURNING id
 
@@ -69,14 +70,24 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'pending_review'
 RETURNING id
 
 -- name: dl_requeue
-INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner)
-SELECT queue, job_id, correlation_id, payload, {NOW}, {NOW}, partner
+-- trace_context: the replay's span (jobfence.tracing), else the letter's own
+INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner,
+                       trace_context)
+SELECT queue, job_id, correlation_id, payload, {NOW}, {NOW}, partner,
+       coalesce(:trace_context, trace_context)
 FROM core_dead_letters
 WHERE id IN (SELECT value FROM json_each(:ids))
 ORDER BY id
 
 -- name: dl_payloads
-SELECT id, queue, job_id, correlation_id, payload
+SELECT id, queue, job_id, correlation_id, payload, trace_context
+FROM core_dead_letters
+WHERE id IN (SELECT value FROM json_each(:ids))
+ORDER BY id
+
+-- name: dl_trace_contexts
+-- The trace contexts of letters being replayed: the replay's span links to them.
+SELECT id, queue, trace_context
 FROM core_dead_letters
 WHERE id IN (SELECT value FROM json_each(:ids))
 ORDER BY id

@@ -29,7 +29,8 @@ SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, 
        lease_expires_at, partner, length(payload) AS payload_size,
        json_extract(history, '$[#-1].error') AS last_error,
        json_extract(history, '$[#-1].category') AS last_category,
-       history <> '[]' AS failed, payload, history, run_at > {NOW} AS scheduled
+       history <> '[]' AS failed, payload, history, run_at > {NOW} AS scheduled,
+       trace_context
 FROM core_jobs WHERE id = :id
 
 -- name: job_lock
@@ -38,7 +39,8 @@ SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, 
        lease_expires_at, partner, length(payload) AS payload_size,
        json_extract(history, '$[#-1].error') AS last_error,
        json_extract(history, '$[#-1].category') AS last_category,
-       history <> '[]' AS failed, payload, history, run_at > {NOW} AS scheduled
+       history <> '[]' AS failed, payload, history, run_at > {NOW} AS scheduled,
+       trace_context
 FROM core_jobs WHERE id = :id
 
 -- name: job_delete
@@ -64,11 +66,11 @@ ORDER BY queue
 INSERT INTO core_dead_letters (
     queue, consumer, job_id, correlation_id, payload, payload_size, payload_truncated,
     attempts, error_category, error_code, last_error, history, enqueued_at, partner, status,
-    failed_at, reviewed_at, reviewed_by, review_reason)
+    failed_at, reviewed_at, reviewed_by, review_reason, trace_context)
 VALUES (
     :queue, :consumer, :job_id, :correlation_id, :payload, :payload_size, 0, :attempts,
     'NON_RETRYABLE_ERROR', 'CANCELLED', :error, json(:history), :enqueued_at, :partner,
-    'discarded', {NOW}, {NOW}, :actor, :reason)
+    'discarded', {NOW}, {NOW}, :actor, :reason, :trace_context)
 RETURNING id
 
 -- name: queue_pauses

@@ -1,8 +1,10 @@
 -- The database queue: enqueue, claim, leases, retries, acks (jobfence.transports.database).
 
 -- name: enqueue
-INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner)
-VALUES (:queue, :job_id, :correlation_id, :payload, {NOW} + :delay, {NOW}, :partner)
+INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner,
+                       trace_context)
+VALUES (:queue, :job_id, :correlation_id, :payload, {NOW} + :delay, {NOW}, :partner,
+        :trace_context)
 
 -- name: claim
 UPDATE core_jobs SET
@@ -20,7 +22,7 @@ WHERE id IN (
     LIMIT :limit
 )
 RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lease_token,
-          history
+          history, trace_context
 
 -- name: next_run_at
 SELECT min(run_at) - {NOW} AS wait

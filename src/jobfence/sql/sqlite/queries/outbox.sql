@@ -2,8 +2,9 @@
 
 -- name: outbox_write
 INSERT INTO core_outbox (event_id, queue, ordering_key, correlation_id, payload,
-                         next_attempt_at, created_at)
-VALUES (:event_id, :queue, :ordering_key, :correlation_id, :payload, {NOW}, {NOW})
+                         next_attempt_at, created_at, trace_context)
+VALUES (:event_id, :queue, :ordering_key, :correlation_id, :payload, {NOW}, {NOW},
+        :trace_context)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
@@ -23,7 +24,8 @@ WHERE id IN (
     ORDER BY o.id
     LIMIT :limit
 )
-RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, claim_token
+RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, claim_token,
+          trace_context
 
 -- name: outbox_next_attempt
 SELECT min(max(next_attempt_at, coalesce(claim_expires_at, {NOW}))) - {NOW} AS wait
@@ -37,7 +39,7 @@ UPDATE core_outbox SET
     claim_token = NULL,
     claim_expires_at = NULL
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'PENDING'
-RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts
+RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, trace_context
 
 -- name: outbox_mark_failed
 UPDATE core_outbox SET
