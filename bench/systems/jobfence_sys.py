@@ -218,7 +218,7 @@ async def deadletters(url: str, n: int) -> None:
         say(replay=n / replay_s, enqueue=await _enqueue_baseline(app, n))
 
 
-async def outbox_relay(url: str, n: int, batch: int) -> None:
+async def outbox_relay(url: str, n: int, batch: int | None) -> None:
     """``n`` outbox events written in one transaction, then one relay publishes them to the
     database queue; timed from the relay's start to the last event marked published;
     verifies ``n`` jobs in the queue."""
@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--transport", default=None)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=None, help="relay: default the library's")
     a = parser.parse_args()
     if a.command == "setup":
         coro: Any = setup(a.url)

@@ -51,6 +51,11 @@ DEFAULT_PUBLISH_POLICY = RetryPolicy(
         "PUBLISH_FAILED_RETRY for an operator; a broker outage is visible within a minute"
     ),
 )
+#: events per round by default: claimed, published and marked (the publish path); where
+#: one statement queues them into the same database (:attr:`Relay.direct`), a round's fixed
+#: cost (a transaction: four round trips and a commit) is shared by more events
+DEFAULT_BATCH = 100
+DEFAULT_DIRECT_BATCH = 1000
 DEFAULT_LEASE = timedelta(seconds=30)
 DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=10)
 
@@ -139,7 +144,7 @@ class Relay:
         self,
         app: App,
         *,
-        batch_size: int = 100,
+        batch_size: int | None = None,
         poll_interval: float | None = None,
         lease: timedelta = DEFAULT_LEASE,
         policy: RetryPolicy = DEFAULT_PUBLISH_POLICY,
@@ -151,7 +156,7 @@ class Relay:
         relay_id: str | None = None,
         one_transaction: bool | None = None,
     ) -> None:
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise ConfigurationError("the relay's batch_size must be at least 1")
         if lease <= publish_timeout:
             raise ConfigurationError(
@@ -161,7 +166,9 @@ class Relay:
         if retention <= timedelta(0):
             raise ConfigurationError("the outbox retention must be a positive duration")
         self.app = app
-        self.batch_size = batch_size
+        #: events per round; None: :data:`DEFAULT_DIRECT_BATCH` when a round is one statement
+        #: into this database's job table, else :data:`DEFAULT_BATCH`
+        self.requested_batch_size = batch_size
         self._poll_interval = poll_interval
         self.lease = lease
         self.policy = policy
@@ -200,6 +207,13 @@ class Relay:
                 "PostgreSQL database as its outbox"
             )
         return possible and self._one_transaction is not False
+
+    @property
+    def batch_size(self) -> int:
+        """Events claimed per round (see :attr:`requested_batch_size`)."""
+        if self.requested_batch_size is not None:
+            return self.requested_batch_size
+        return DEFAULT_DIRECT_BATCH if self.direct else DEFAULT_BATCH
 
     @property
     def poll_interval(self) -> float:

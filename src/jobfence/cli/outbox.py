@@ -49,9 +49,9 @@ from ._common import (
     type=click.IntRange(1, 10_000),
     envvar="JOBFENCE_RELAY_BATCH_SIZE",
     show_envvar=True,
-    default=100,
-    show_default=True,
-    help="Events published per round.",
+    default=None,
+    help="Events published per round (default: 1000 where one statement queues them into "
+    "the same PostgreSQL database's job table, else 100).",
 )
 @click.option(
     "--poll-interval",
@@ -93,7 +93,7 @@ def relay(
     app_spec: str | None,
     database_url: str | None,
     transport: str | None,
-    batch_size: int,
+    batch_size: int | None,
     poll_interval: timedelta | None,
     retention: timedelta,
     with_worker: bool,
