@@ -15,6 +15,7 @@ host only provides the transaction.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from abc import abstractmethod
@@ -91,3 +92,21 @@ def run(
             return found
     except _Lost:
         return FenceOutcome.LOST
+
+
+def wants_session(handler: Any) -> bool:
+    """Whether ``handler``'s second parameter is annotated as a SQLAlchemy session
+    (``AsyncSession``, ``Session`` or a subclass), without importing SQLAlchemy."""
+    try:
+        params = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if len(params) < 2:
+        return False
+    annotation = params[1].annotation
+    if isinstance(annotation, str):
+        return annotation.rsplit(".", 1)[-1] in ("AsyncSession", "Session")
+    return isinstance(annotation, type) and any(
+        k.__module__.startswith("sqlalchemy.") and k.__name__ in ("AsyncSession", "Session")
+        for k in annotation.__mro__
+    )
