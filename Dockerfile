@@ -13,14 +13,16 @@
 ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-ARG EXTRAS=ops
+ARG EXTRAS=ops,otel
+# the OpenTelemetry SDK and OTLP exporter the example app configures (deploy/app/myapp.py)
+ARG EXTRA_PACKAGES="opentelemetry-sdk>=1.20 opentelemetry-exporter-otlp-proto-http>=1.20"
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/jobfence
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN /opt/jobfence/bin/pip install ".[${EXTRAS}]"
+RUN /opt/jobfence/bin/pip install ".[${EXTRAS}]" ${EXTRA_PACKAGES}
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --system --gid 10001 jobfence \

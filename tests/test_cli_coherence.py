@@ -41,6 +41,8 @@ DURATION_FLAGS = {
     ("relay", "--retention"),
     ("outbox cleanup", "--retention"),
     ("ops serve", "--session-ttl"),
+    ("worker", "--liveness-timeout"),
+    ("relay", "--liveness-timeout"),
 }
 #: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
 #: and the demo, which runs on a temporary database of its own
@@ -202,3 +204,91 @@ def test_worker_flags_come_from_the_environment_too() -> None:
     line = one_line_error(jf("worker", "x:y", env={"JOBFENCE_CONCURRENCY": "0"}))
     assert "JOBFENCE_CONCURRENCY" in line
     assert "0 is not in the range" in line
+
+
+#: commands that print a list with --json: one object per line (JSON lines)
+LISTS = {
+    "dead-letters list",
+    "dead-letters audit",
+    "alerts list",
+    "ops token list",
+    "outbox list",
+    "jobs list",
+    "queues list",
+}
+
+
+def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
+    """`--json` prints one object per line for a list, one object otherwise (what
+    docs/configuration.md says), on a store with something to show: every command that
+    prints a result is run once (in-process: this checks the shape, not the process)."""
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from jobfence import App, outbox
+
+    from .deadletters.conftest import letter_params, seed_letters
+
+    url = sqlite_database
+    ids = asyncio.run(seed_letters(url, [letter_params("sqlite", f"j-{i}") for i in range(4)]))
+
+    async def seed_event() -> None:
+        async with App(url) as app, app.db.transaction() as tx:
+            await outbox.write(tx, "q", {"x": 1}, event_id="evt-1")
+
+    asyncio.run(seed_event())
+    runs = {
+        "migrate": ["migrate"],
+        "enqueue": ["enqueue", "q", "--payload", "{}"],
+        "dead-letters stats": ["dead-letters", "stats"],
+        "dead-letters show": ["dead-letters", "show", str(ids[0])],
+        "dead-letters replay": ["dead-letters", "replay", str(ids[0]), "--actor", "ann"],
+        "dead-letters discard": [
+            "dead-letters", "discard", str(ids[1]), "--reason", "dup", "--actor", "ann",
+        ],
+        "dead-letters list": ["dead-letters", "list", "--status", "all"],
+        "dead-letters audit": ["dead-letters", "audit"],
+        "cleanup": ["cleanup", "--once"],
+        "ops token create": ["ops", "token", "create", "--name", "ann", "--role", "viewer"],
+        "ops token list": ["ops", "token", "list"],
+        "ops token revoke": ["ops", "token", "revoke", "ann"],
+        "dead-letters replay#bulk": ["dead-letters", "replay", "--job-id", "j-2", "--yes"],
+        "dead-letters discard-matching": [
+            "dead-letters", "discard-matching", "--job-id", "j-3", "--reason", "r", "--yes",
+        ],
+        "enqueue#later": ["enqueue", "q", "--payload", "{}", "--delay", "1h"],
+        "jobs list": ["jobs", "list"],
+        "jobs show": ["jobs", "show", "1"],
+        "jobs retry-now": ["jobs", "retry-now", "4"],  # the delayed one
+        "jobs cancel": ["jobs", "cancel", "1", "--reason", "r"],
+        "queues pause": ["queues", "pause", "q"],
+        "queues list": ["queues", "list"],
+        "queues resume": ["queues", "resume", "q"],
+        "dead-letters replay-report": ["dead-letters", "replay-report", "1"],
+        "outbox list": ["outbox", "list"],
+        "outbox show": ["outbox", "show", "evt-1"],
+        "outbox redrive": ["outbox", "redrive", "--all", "--yes", "--reason", "r"],
+        "alerts deliver": ["alerts", "deliver", "--once"],
+        "outbox cleanup": ["outbox", "cleanup"],
+        "alerts list": ["alerts", "list"],
+    }  # fmt: skip
+    runner = CliRunner()
+    env = {"JOBFENCE_ACTOR": "ann", "COLUMNS": "200"}
+    printing = {n for n, cmd in ALL.items() if n not in NO_RESULT and "--json" in options(cmd)}
+    assert {n.partition("#")[0] for n in runs} == printing
+    for key, argv in runs.items():
+        name = key.partition("#")[0]
+        result = runner.invoke(main_group, [*argv, "--json", "--database-url", url], env=env)
+        assert result.exit_code == 0, (name, result.output)
+        lines = result.stdout.splitlines()
+        try:
+            parsed = [json.loads(line) for line in lines]
+        except ValueError:
+            pytest.fail(f"jobfence {name} --json printed: {result.stdout!r}")
+        assert all(isinstance(p, dict) for p in parsed), (name, result.stdout)
+        if name in LISTS:
+            assert name != "dead-letters list" or len(parsed) == 4, result.stdout
+            assert name != "dead-letters audit" or len(parsed) >= 2, result.stdout
+        else:
+            assert len(parsed) == 1, (name, result.stdout)

@@ -54,12 +54,19 @@ class Proxy:
                 client, _ = listener.accept()
             except OSError:
                 return
+            if listener is not self._listener:  # cut meanwhile: an accept() already waiting
+                client.close()  # on the old socket outlives close(), so refuse here
+                return
             try:
                 server = socket.create_connection(self.target)
             except OSError:
                 client.close()
                 continue
             self._conns += [client, server]
+            if listener is not self._listener:  # cut while connecting
+                client.close()
+                server.close()
+                return
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -77,8 +84,10 @@ class Proxy:
 
     def cut(self) -> None:
         if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+            listener, self._listener = self._listener, None
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() waiting on it
+            listener.close()
         for conn in self._conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
@@ -158,6 +167,7 @@ async def test_worker_probes_follow_the_database_a_stuck_loop_and_sigterm(
         # SIGTERM with a job in flight: draining, so not ready; still alive
         await _enqueue(pg_ledger, "slow-1", {"mode": "sleep", "seconds": 60})
         wait_until(lambda: (tmp_path / "slow-1.started.1").exists(), what="slow job running")
+        wait_until(lambda: "jobfence_worker_inflight_jobs 1.0" in scrape(port), what="in flight")
         proc.send_signal(signal.SIGTERM)
         expect(port, "/readyz", 503, "draining")
         assert probe(port, "/livez")[0] == 200

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
+import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 import jobfence.alerts.dispatcher
@@ -18,7 +21,7 @@ from jobfence import App, outbox
 from jobfence.cleanup import cleanup_loop
 from jobfence.deadletters import Actor
 from jobfence.jobctl import pause_queue
-from jobfence.stats import refresh_gauges
+from jobfence.stats import GaugesFailed, refresh_gauges
 
 from .helpers import eventually
 
@@ -40,8 +43,9 @@ async def test_database_gauges_read_the_backlogs(database_url: str) -> None:
             await outbox.write(tx, "gauge.out", {"n": 4}, event_id="e1")
         await refresh_gauges(app.db, app.queue_db)
 
-    assert value("jobfence_queue_due_jobs", queue="gauge.a") == 2
-    assert value("jobfence_queue_due_jobs", queue="gauge.b") is None  # not due for an hour
+    # gauge.b's only job is not due for an hour: it has not waited at all
+    assert value("jobfence_queue_oldest_due_job_age_seconds", queue="gauge.b") is None
+    assert value("jobfence_queue_depth", queue="gauge.a", state="available") == 2
     assert value("jobfence_queue_depth", queue="gauge.b", state="available") == 1
     oldest = value("jobfence_queue_oldest_due_job_age_seconds", queue="gauge.a")
     assert oldest is not None
@@ -99,3 +103,28 @@ def test_docs_metrics_lists_every_series_of_the_registry() -> None:
     assert not stale, f"docs/metrics.md lists series that do not exist: {stale}"
     wrong = {n: (doc[n], t) for n, t in registry.items() if doc[n] != t}
     assert not wrong, f"documented type differs (doc, registry): {wrong}"
+
+
+async def test_a_failing_gauge_query_leaves_the_others_refreshing(pg_database: str) -> None:
+    """A role without one grant (here: no SELECT on queue_pauses) still gets every other
+    gauge refreshed; the failure is raised, naming the query."""
+
+    role = f"jf_gauges_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_database, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")  # type: ignore[arg-type]
+        admin.execute(f"GRANT USAGE ON SCHEMA core TO {role}")  # type: ignore[arg-type]
+        admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA core TO {role}")  # type: ignore[arg-type]
+        admin.execute(f"REVOKE SELECT ON core.queue_pauses FROM {role}")  # type: ignore[arg-type]
+    try:
+        async with App(pg_database) as app:
+            await app.enqueue("gauge.grant", {"n": 1}, job_id="g1")
+        limited = pg_database.replace("postgres@", f"{role}@")
+        async with App(limited, auto_migrate=False) as app:
+            with pytest.raises(GaugesFailed) as failed:
+                await refresh_gauges(app.db, app.queue_db)
+        assert set(failed.value.failed) == {"queue_pauses"}
+        assert value("jobfence_queue_depth", queue="gauge.grant", state="available") == 1
+    finally:
+        with psycopg.connect(pg_database, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
+            admin.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]

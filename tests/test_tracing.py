@@ -21,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind
 
 from jobfence import App, Job, TemporaryError, Tx, ValidationError, list_dead_letters
@@ -37,22 +38,44 @@ from tests.helpers import REPO, RunningWorker, eventually, scalar
 test_tracer = trace.get_tracer("tests")
 
 
+class WhileTesting(Sampler):
+    """Record spans only during a test of this module: the SDK is set once per process, and
+    the other tests that process runs afterwards should neither pay for spans nor fill the
+    in-memory exporter."""
+
+    active = False
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        return (ALWAYS_ON if self.active else ALWAYS_OFF).should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return "tests/test_tracing.py"
+
+
+GATE = WhileTesting()
+
+
 @pytest.fixture(scope="session")
 def exporter() -> InMemorySpanExporter:
     """The SDK, once per test process, exporting to memory."""
     memory = InMemorySpanExporter()
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
+        provider = TracerProvider(sampler=GATE)
         trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(memory))
     return memory
 
 
 @pytest.fixture
-def spans(exporter: InMemorySpanExporter) -> InMemorySpanExporter:
+def spans(exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
     exporter.clear()
-    return exporter
+    GATE.active = True
+    try:
+        yield exporter
+    finally:
+        GATE.active = False
+        exporter.clear()
 
 
 @pytest.fixture
@@ -77,7 +100,7 @@ def ids_log() -> Iterator[list[logging.LogRecord]]:
         logger.setLevel(old)
 
 
-@pytest.fixture(params=["postgresql", "sqlite", "rabbitmq", "redis", "nats"])
+@pytest.fixture(params=["postgresql", "sqlite", "rabbitmq", "redis", "nats", "pubsub"])
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     made = make_target(str(request.param), request)
     yield made
@@ -144,7 +167,7 @@ async def test_one_trace_from_enqueue_to_the_handler(
         assert process.kind is SpanKind.CONSUMER
         assert parent_of(process) == send[0].context.span_id
     first, second = sorted(processes, key=lambda s: s.attributes["jobfence.attempt"])
-    system = {"postgresql": "postgresql", "sqlite": "sqlite"}.get(target.kind, target.kind)
+    system = {"pubsub": "gcp_pubsub"}.get(target.kind, target.kind)
     assert dict(second.attributes) | {
         "messaging.system": system,
         "messaging.destination.name": target.queue,
@@ -261,14 +284,26 @@ class Order(pydantic.BaseModel):
     sku: str
 
 
+@pytest.fixture(params=["postgresql", "sqlite", "rabbitmq"])
+def replayed(request: pytest.FixtureRequest) -> Iterator[Target]:
+    """The replay inserts the job in SQL (database queue) or publishes it (a broker)."""
+    made = make_target(str(request.param), request)
+    yield made
+    if made.transport_url:
+        import asyncio
+
+        asyncio.run(cleanup(made))
+
+
 async def test_a_replayed_dead_letter_links_to_its_original_trace(
-    database_url: str, spans: InMemorySpanExporter
+    replayed: Target, spans: InMemorySpanExporter
 ) -> None:
+    queue = replayed.queue
     broken = {"yes": True}
     done: list[str] = []
-    app = App(database_url, auto_migrate=True)
+    app = replayed.app()
 
-    @app.consumer("orders", schema=Order)
+    @app.consumer(queue, schema=Order)
     async def ship(job: Job[Order], tx: Tx) -> None:
         if broken["yes"]:
             raise ValidationError("the warehouse does not know this sku")
@@ -276,26 +311,28 @@ async def test_a_replayed_dead_letter_links_to_its_original_trace(
 
     async with app:
         with test_tracer.start_as_current_span("order placed") as root:
-            await app.enqueue("orders", {"sku": "x"}, job_id="order-7")
+            await app.enqueue(queue, {"sku": "x"}, job_id="order-7")
         async with RunningWorker(app, concurrency=1, poll_interval=0.1) as worker:
             await eventually(lambda: worker.stats.handled == 1, what="the dead letter")
         original = root.get_span_context().trace_id
-        (dead,) = named(in_trace(spans, original), "dead_letter orders")
+        (dead,) = named(in_trace(spans, original), f"dead_letter {queue}")
         assert dead.attributes["jobfence.error.category"] == "VALIDATION_ERROR"
-        (process,) = named(in_trace(spans, original), "process orders")
+        (process,) = named(in_trace(spans, original), f"process {queue}")
         assert process.attributes["jobfence.outcome"] == "dead"
+        assert process.attributes["jobfence.error.category"] == "VALIDATION_ERROR"
         assert parent_of(dead) == process.context.span_id
 
         broken["yes"] = False
-        (letter,) = await list_dead_letters(app.db, queue="orders")
+        (letter,) = await list_dead_letters(app.db, queue=queue)
         with test_tracer.start_as_current_span("operator replays") as operator:
             await replay(app.db, app.transport, letter.id, actor=Actor("ops"))
         async with RunningWorker(app, concurrency=1, poll_interval=0.1):
             await eventually(lambda: done == ["order-7"], what="the replayed job")
 
-    (replay_span,) = named(in_trace(spans, operator.get_span_context().trace_id), "replay orders")
+    replay_trace = in_trace(spans, operator.get_span_context().trace_id)
+    (replay_span,) = named(replay_trace, f"replay {queue}")
     assert [link.context.trace_id for link in replay_span.links] == [original]
-    (again,) = named(in_trace(spans, operator.get_span_context().trace_id), "process orders")
+    (again,) = named(replay_trace, f"process {queue}")
     assert parent_of(again) == replay_span.context.span_id
     assert again.attributes["jobfence.outcome"] == "processed"
 
@@ -410,3 +447,116 @@ async def test_group_commit_gives_each_job_its_own_process_span(
         assert {p.attributes["jobfence.job_id"] for p in processes} == {job_id}
     (retry,) = named(in_trace(spans, roots["b"]), "retry q")
     assert retry.attributes["jobfence.job_id"] == "b"
+
+
+API_ONLY = """
+import asyncio, sys
+from opentelemetry import context, trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+import jobfence.tracing as t
+from jobfence import App
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+async def main():
+    app = App(sys.argv[1], auto_migrate=True)
+    done = []
+    @app.consumer("first")
+    async def first(job, tx):
+        await app.enqueue("second", {}, job_id="j2", connection=tx)
+    @app.consumer("second")
+    async def second(job, tx):
+        done.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
+    async with app:
+        token = context.attach(TraceContextTextMapPropagator().extract({"traceparent": PARENT}))
+        await app.enqueue("first", {}, job_id="j1")
+        context.detach(token)
+        worker = app.worker(poll_interval=0.05)
+        task = asyncio.create_task(worker.run())
+        for _ in range(400):
+            if done:
+                break
+            await asyncio.sleep(0.05)
+        worker.request_stop()
+        await task
+    assert done == [PARENT.split("-")[1]], done
+    assert not t.get().live
+asyncio.run(main())
+print("ok")
+"""
+
+
+def test_with_the_api_and_no_sdk_the_context_is_passed_on(sqlite_database: str) -> None:
+    """No SDK: no spans are made, but a job enqueued inside a trace carries it, and a job its
+    handler enqueues carries it on (what the API's no-op spans would do, for less)."""
+    result = subprocess.run(
+        [sys.executable, "-c", API_ONLY, sqlite_database],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+async def test_a_request_still_in_flight_is_marked_on_its_span(
+    pg_database: str, spans: InMemorySpanExporter
+) -> None:
+    """A second request with the key of one still running gets 409, and its span says
+    ``in_flight``."""
+    import asyncio
+
+    app = App(pg_database, auto_migrate=True)
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    api = FastAPI()
+
+    @api.post("/slow")
+    async def slow() -> dict[str, str]:
+        entered.set()
+        await release.wait()
+        return {"ok": "yes"}
+
+    asgi = IdempotencyMiddleware(api, database=lambda: app.db)
+    async with (
+        app,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as client,
+    ):
+        headers = {"idempotency-key": "key-9"}
+        with test_tracer.start_as_current_span("client") as root:
+            first = asyncio.create_task(client.post("/slow", json={}, headers=headers))
+            await asyncio.wait_for(entered.wait(), timeout=30)
+            second = await client.post("/slow", json={}, headers=headers)
+            release.set()
+            assert (await first).status_code == 200
+    assert second.status_code == 409
+    found = named(in_trace(spans, root.get_span_context().trace_id), "idempotency POST")
+    by_outcome = {s.attributes["jobfence.idempotency.outcome"]: s for s in found}
+    assert set(by_outcome) == {"executed", "in_flight"}
+    assert by_outcome["in_flight"].attributes["jobfence.idempotency.in_flight"] is True
+    assert by_outcome["in_flight"].kind is SpanKind.INTERNAL  # the client's span was current
+
+
+def test_the_cli_logging_puts_the_ids_in_json_lines(
+    spans: InMemorySpanExporter, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``jobfence … --log-format json`` (logs.configure) adds trace_id and span_id."""
+    import json
+
+    from jobfence import logs
+
+    touched = [logging.getLogger(name) for name in ("jobfence", *logs.FOREIGN_LOGGERS)]
+    saved = [(list(lg.handlers), lg.level, lg.propagate) for lg in touched]
+    try:
+        logs.configure("INFO", "json")
+        with test_tracer.start_as_current_span("work") as span:
+            logging.getLogger("jobfence.test").info("inside")
+        logging.getLogger("jobfence.test").info("outside")
+    finally:
+        for lg, (handlers, level, propagate) in zip(touched, saved, strict=True):
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate = propagate
+    inside, outside = (json.loads(line) for line in capsys.readouterr().err.splitlines())
+    assert inside["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert inside["span_id"] == format(span.get_span_context().span_id, "016x")
+    assert "trace_id" not in outside

@@ -19,13 +19,15 @@ from .config import (
     DatabaseURL,
     check_schema_name,
     parse_database_url,
+    same_database,
 )
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
 from .db.adopt import adopt_async, connect_sync
 from .errors import ConfigurationError, EnqueueError, extra_needed
 from .fence import DEFAULT_FENCE_TTL
 from .harness import Consumer, Handler
-from .jobs import check_job_id, check_queue
+from .hosted import wants_session
+from .jobs import check_job_id, check_queue, check_utf8
 from .leases import default_holder
 from .letters import DEFAULT_PAYLOAD_LIMIT
 from .logs import LogObserver
@@ -45,59 +47,6 @@ from .worker import Worker
 H = TypeVar("H", bound=Handler)
 
 DEFAULT_LEASE = timedelta(seconds=30)
-
-
-def _unencodable(exc: UnicodeEncodeError) -> str:
-    """What ``exc`` choked on: a byte that was not decodable, or a lone surrogate."""
-    char = ord(exc.object[exc.start])
-    if 0xDC80 <= char <= 0xDCFF:  # how Python keeps an undecodable byte (surrogateescape)
-        return (
-            f"the undecodable byte 0x{char - 0xDC00:02x} at position {exc.start} (read from a "
-            "command line or file that is not UTF-8?)"
-        )
-    return f"a lone surrogate U+{char:04X} at position {exc.start}"
-
-
-def check_utf8(name: str, value: str) -> str:
-    """``value`` if it can be sent as UTF-8 (ids and queue names travel as UTF-8 text in
-    every store and broker); else ValueError naming the field and the character."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"{name} {value!a} is not valid UTF-8: {_unencodable(exc)}; ids and queue names "
-            "travel as UTF-8 text, use valid characters"
-        ) from None
-    return value
-
-
-def wants_session(handler: Any) -> bool:
-    """Whether ``handler``'s second parameter is annotated as a SQLAlchemy session
-    (``AsyncSession``, ``Session`` or a subclass), without importing SQLAlchemy."""
-    try:
-        params = list(inspect.signature(handler).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    if len(params) < 2:
-        return False
-    annotation = params[1].annotation
-    if isinstance(annotation, str):
-        return annotation.rsplit(".", 1)[-1] in ("AsyncSession", "Session")
-    return isinstance(annotation, type) and any(
-        k.__module__.startswith("sqlalchemy.") and k.__name__ in ("AsyncSession", "Session")
-        for k in annotation.__mro__
-    )
-
-
-def _same_database(a: DatabaseURL, b: DatabaseURL) -> bool:
-    if a.dialect != b.dialect:
-        return False
-    if a.dialect == "sqlite":
-        return a.path.resolve() == b.path.resolve()
-    from urllib.parse import urlsplit
-
-    one, two = urlsplit(a.target), urlsplit(b.target)
-    return (one.hostname, one.port or 5432, one.path) == (two.hostname, two.port or 5432, two.path)
 
 
 def _one_of(connection: Any, session: Any) -> Any:
@@ -156,7 +105,7 @@ class App:
                 from .db.sqlalchemy import EngineWork, SessionHost, is_sync_engine
                 from .db.sqlalchemy import database_url as engine_url
             own = parse_database_url(engine_url(engine), schema)
-            if database_url is not None and not _same_database(
+            if database_url is not None and not same_database(
                 parse_database_url(database_url), own
             ):
                 raise ConfigurationError(

@@ -131,3 +131,13 @@ def parse_database_url(url: str | None, schema: str | None = None) -> DatabaseUR
             )
         return DatabaseURL("sqlite", path, url)
     raise ConfigurationError(f"unsupported database URL scheme {scheme!r}; expected {_ACCEPTED}")
+
+
+def same_database(a: DatabaseURL, b: DatabaseURL) -> bool:
+    """Whether two URLs name the same database (same file; same host, port and name)."""
+    if a.dialect != b.dialect:
+        return False
+    if a.dialect == "sqlite":
+        return a.path.resolve() == b.path.resolve()
+    one, two = urlsplit(a.target), urlsplit(b.target)
+    return (one.hostname, one.port or 5432, one.path) == (two.hostname, two.port or 5432, two.path)

@@ -524,8 +524,8 @@ async def _replaying(
     traces; the replayed jobs carry its context (docs/tracing.md). Without tracing, they
     carry their letters' own."""
     traces = tracing.get()
-    if traces is None:
-        return nullcontext(None)
+    if traces is None or not traces.live:
+        return nullcontext(None)  # the replayed jobs carry their letters' contexts
     rows = await tx.q("dl_trace_contexts", {"ids": db.array(ids)})
     queues = {row["queue"] for row in rows}
     return traces.replay(

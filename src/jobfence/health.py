@@ -75,8 +75,9 @@ class Health:
             return False, "database not reached recently"
         return True, "ready"
 
-    async def watch(self, db: Database) -> None:
-        """Tick every second and ping ``db`` every few, until cancelled."""
+    async def watch(self, db: Database, on_tick: Callable[[], None] | None = None) -> None:
+        """Tick every second (and call ``on_tick``) and ping ``db`` every few, until
+        cancelled."""
         ping = asyncio.create_task(self._ping(db), name=f"jobfence-{self.component}-ping")
         gauge, ready = HEARTBEAT.labels(self.component), READY.labels(self.component)
         try:
@@ -84,6 +85,8 @@ class Health:
                 self.tick = time.monotonic()
                 gauge.set_to_current_time()
                 ready.set(1 if self.ready()[0] else 0)
+                if on_tick is not None:
+                    on_tick()
                 await asyncio.sleep(TICK)
         finally:
             ping.cancel()

@@ -15,6 +15,9 @@ host only provides the transaction.
 
 from __future__ import annotations
 
+import inspect
+import os
+import threading
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -52,6 +55,19 @@ class WorkHost(Protocol):
         """Refuse, at registration, a handler this host cannot run (e.g. ``async def``)."""
 
 
+_writers: dict[str, threading.Lock] = {}
+_writers_lock = threading.Lock()
+
+
+def sqlite_writer(path: str) -> threading.Lock:
+    """The process's lock for writing the SQLite file ``path``: a host's threads take it
+    around each job's transaction and queue on it in turn, instead of polling SQLite's busy
+    handler (which sleeps in growing steps, and let one writer starve the others)."""
+    key = os.path.realpath(path)
+    with _writers_lock:
+        return _writers.setdefault(key, threading.Lock())
+
+
 class _Lost(Exception):
     """Rolls back the hosted transaction of a delivery whose lease was taken over."""
 
@@ -76,3 +92,21 @@ def run(
             return found
     except _Lost:
         return FenceOutcome.LOST
+
+
+def wants_session(handler: Any) -> bool:
+    """Whether ``handler``'s second parameter is annotated as a SQLAlchemy session
+    (``AsyncSession``, ``Session`` or a subclass), without importing SQLAlchemy."""
+    try:
+        params = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if len(params) < 2:
+        return False
+    annotation = params[1].annotation
+    if isinstance(annotation, str):
+        return annotation.rsplit(".", 1)[-1] in ("AsyncSession", "Session")
+    return isinstance(annotation, type) and any(
+        k.__module__.startswith("sqlalchemy.") and k.__name__ in ("AsyncSession", "Session")
+        for k in annotation.__mro__
+    )

@@ -71,6 +71,7 @@ __all__ = [
     "resume_queue",
     "retry_now",
     "show_job",
+    "unserved_among",
     "unserved_jobs",
 ]
 
@@ -262,6 +263,23 @@ async def show_job(
 # -- act -------------------------------------------------------------------------------------
 
 
+def _running(job: int, worker: str | None) -> ReviewConflict:
+    return ReviewConflict(
+        f"job {job} is running on worker {worker}; a running job cannot be cancelled or "
+        "retried: wait until its attempt ends (it is then done, retrying or a dead letter), "
+        "or pause its queue to stop further claims"
+    )
+
+
+async def _not_running(queue_db: Database, job: int, actor: Actor) -> None:
+    """Refuse a running job before taking any lock: its attempt's transaction holds the row
+    (PostgreSQL) or the database's write lock (SQLite) for as long as its handler works."""
+    _id(job, "the job id")
+    rows = await queue_db.run("job_get", {"id": job})
+    if rows and actor.sees(rows[0]["partner"]) and rows[0]["state"] == "running":
+        raise _running(job, rows[0]["worker_id"])
+
+
 async def _locked(tx: Tx, job: int, actor: Actor) -> Mapping[str, Any]:
     _id(job, "the job id")
     rows = await tx.q("job_lock", {"id": job})
@@ -270,11 +288,7 @@ async def _locked(tx: Tx, job: int, actor: Actor) -> Mapping[str, Any]:
     if not seen or not actor.sees(seen[0]["partner"]):
         raise NotFound(f"no job {job} in the queue (done, dead-lettered, or never there)")
     if not rows or seen[0]["state"] == "running":
-        raise ReviewConflict(
-            f"job {job} is running on worker {seen[0]['worker_id']}; a running job cannot be "
-            "cancelled or retried: wait until its attempt ends (it is then done, retrying or "
-            "a dead letter), or pause its queue to stop further claims"
-        )
+        raise _running(job, seen[0]["worker_id"])
     return rows[0]
 
 
@@ -306,6 +320,7 @@ async def cancel_job(
     ``consumers`` maps queues to consumer names (the letter's consumer; default the queue)."""
     why = _reason(reason, required=True)
     qdb = queue_db or db
+    await _not_running(qdb, job, actor)
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
         row = await _locked(qtx, job, actor)
@@ -359,6 +374,7 @@ async def retry_now(
     A job already due, or running, is a :class:`ReviewConflict`."""
     why = _reason(reason, required=False)
     qdb = queue_db or db
+    await _not_running(qdb, job, actor)
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
         row = await _locked(qtx, job, actor)
@@ -437,6 +453,12 @@ async def unserved_jobs(
     return sum(
         int(r["waiting"] or 0) + int(r["retrying"] or 0) for r in rows if r["queue"] not in served
     )
+
+
+def unserved_among(queues: Collection[QueueInfo]) -> int:
+    """Waiting and retrying jobs of the queues :func:`list_queues` (given ``served``) marked
+    as served by no consumer: :func:`unserved_jobs` without counting the jobs again."""
+    return sum(q.waiting + q.retrying for q in queues if q.served is False)
 
 
 def _shared(actor: Actor, doing: str) -> None:

@@ -218,3 +218,27 @@ def check_queue(queue: object) -> str:
     if "\x00" in queue:
         raise ValueError("queue must not contain NUL characters")
     return queue
+
+
+def _unencodable(exc: UnicodeEncodeError) -> str:
+    """What ``exc`` choked on: a byte that was not decodable, or a lone surrogate."""
+    char = ord(exc.object[exc.start])
+    if 0xDC80 <= char <= 0xDCFF:  # how Python keeps an undecodable byte (surrogateescape)
+        return (
+            f"the undecodable byte 0x{char - 0xDC00:02x} at position {exc.start} (read from a "
+            "command line or file that is not UTF-8?)"
+        )
+    return f"a lone surrogate U+{char:04X} at position {exc.start}"
+
+
+def check_utf8(name: str, value: str) -> str:
+    """``value`` if it can be sent as UTF-8 (ids and queue names travel as UTF-8 text in
+    every store and broker); else ValueError naming the field and the character."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} {value!a} is not valid UTF-8: {_unencodable(exc)}; ids and queue names "
+            "travel as UTF-8 text, use valid characters"
+        ) from None
+    return value

@@ -52,11 +52,12 @@ class Maintenance:
 
 
 async def _gauges_loop(db: Database, queue_db: Database | None, interval: timedelta) -> None:
+    """Every worker reads the gauges (docs/metrics.md: why not one reader per database)."""
     while True:
         try:
             await refresh_gauges(db, queue_db)
-        except Exception:
-            log.exception("refreshing the database gauges failed")
+        except Exception as exc:
+            log.error("refreshing the database gauges failed: %s", exc)
         await asyncio.sleep(interval.total_seconds())
 
 

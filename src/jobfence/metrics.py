@@ -55,9 +55,6 @@ ALERTS_UNDELIVERED = Gauge(
     "jobfence_alert_deliveries_pending",
     "Alert deliveries not yet accepted by their sink (due later or being retried).",
 )
-QUEUE_DUE = Gauge(
-    "jobfence_queue_due_jobs", "Jobs in the database queue that are due to run now.", ["queue"]
-)
 QUEUE_OLDEST_DUE = Gauge(
     "jobfence_queue_oldest_due_job_age_seconds",
     "How long the oldest due job of the database queue has waited since it fell due.",

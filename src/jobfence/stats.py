@@ -62,42 +62,71 @@ async def stats(
 
 async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None:
     """Set the database gauges (SPEC K1; docs/metrics.md): letters pending review, queue
-    depth, due jobs and the oldest one's wait, paused queues, the outbox backlog, the fence
+    depth, the oldest due job's wait, paused queues, the outbox backlog, the fence
     table's size and undelivered alerts. Every query reads a backlog through a partial index
-    or the catalogue; all are read before any gauge changes, so a scrape never sees half."""
+    or the catalogue; all are read before any gauge changes, so a scrape never sees half. A
+    query that fails (a role without a grant, say) leaves its gauges as they were and the
+    others still refresh; the failures are raised together at the end."""
     from . import metrics as m
 
     source = queue_db or db
-    pending = await db.run("dl_pending_counts")
-    depth = await source.run("queue_depth")
-    lag = await source.run("gauge_queue_lag")
-    paused = await source.run("queue_pauses")
-    outbox = await db.run("gauge_outbox_backlog")
-    fences = (await db.run("gauge_fences"))[0]
-    undelivered = await db.run("alerts_undelivered")
-    m.PENDING_REVIEW.clear()
-    for row in pending:
-        m.PENDING_REVIEW.labels(row["queue"], row["category"]).set(int(row["letters"]))
-    m.QUEUE_DEPTH.clear()
-    for row in depth:
-        m.QUEUE_DEPTH.labels(row["queue"], row["state"]).set(int(row["jobs"]))
-    m.QUEUE_DUE.clear()
-    m.QUEUE_OLDEST_DUE.clear()
-    for row in lag:
-        m.QUEUE_DUE.labels(row["queue"]).set(int(row["due"]))
-        m.QUEUE_OLDEST_DUE.labels(row["queue"]).set(max(0.0, float(row["oldest_due_s"] or 0)))
-    m.QUEUE_PAUSED.clear()
-    for row in paused:
-        m.QUEUE_PAUSED.labels(row["queue"]).set(1)
-    m.OUTBOX_BACKLOG.clear()
-    m.OUTBOX_OLDEST_PENDING.clear()
-    for row in outbox:
-        m.OUTBOX_BACKLOG.labels(row["queue"], row["state"]).set(int(row["events"]))
-        if row["state"] == "PENDING":
-            oldest = max(0.0, float(row["oldest_s"] or 0))
-            m.OUTBOX_OLDEST_PENDING.labels(row["queue"]).set(oldest)
-    m.FENCES.set(int(fences["fences"]))
-    if fences["bytes"] is not None:
-        m.FENCE_BYTES.set(int(fences["bytes"]))
-    m.ALERTS_UNDELIVERED.set(int(undelivered[0]["deliveries"]))
+    reads = {
+        "dl_pending_counts": db,
+        "queue_depth": source,
+        "gauge_queue_lag": source,
+        "queue_pauses": source,
+        "gauge_outbox_backlog": db,
+        "gauge_fences": db,
+        "alerts_undelivered": db,
+    }
+    rows: dict[str, list[Any]] = {}
+    failed: dict[str, BaseException] = {}
+    for name, where in reads.items():
+        try:
+            rows[name] = await where.run(name)
+        except Exception as exc:
+            failed[name] = exc
+    if "dl_pending_counts" in rows:
+        m.PENDING_REVIEW.clear()
+        for row in rows["dl_pending_counts"]:
+            m.PENDING_REVIEW.labels(row["queue"], row["category"]).set(int(row["letters"]))
+    if "queue_depth" in rows:
+        m.QUEUE_DEPTH.clear()
+        for row in rows["queue_depth"]:
+            m.QUEUE_DEPTH.labels(row["queue"], row["state"]).set(int(row["jobs"]))
+    if "gauge_queue_lag" in rows:
+        m.QUEUE_OLDEST_DUE.clear()
+        for row in rows["gauge_queue_lag"]:
+            oldest = max(0.0, float(row["oldest_due_s"] or 0))
+            m.QUEUE_OLDEST_DUE.labels(row["queue"]).set(oldest)
+    if "queue_pauses" in rows:
+        m.QUEUE_PAUSED.clear()
+        for row in rows["queue_pauses"]:
+            m.QUEUE_PAUSED.labels(row["queue"]).set(1)
+    if "gauge_outbox_backlog" in rows:
+        m.OUTBOX_BACKLOG.clear()
+        m.OUTBOX_OLDEST_PENDING.clear()
+        for row in rows["gauge_outbox_backlog"]:
+            m.OUTBOX_BACKLOG.labels(row["queue"], row["state"]).set(int(row["events"]))
+            if row["state"] == "PENDING":
+                oldest = max(0.0, float(row["oldest_s"] or 0))
+                m.OUTBOX_OLDEST_PENDING.labels(row["queue"]).set(oldest)
+    if "gauge_fences" in rows:
+        fences = rows["gauge_fences"][0]
+        m.FENCES.set(int(fences["fences"]))
+        if fences["bytes"] is not None:
+            m.FENCE_BYTES.set(int(fences["bytes"]))
+    if "alerts_undelivered" in rows:
+        m.ALERTS_UNDELIVERED.set(int(rows["alerts_undelivered"][0]["deliveries"]))
+    if failed:
+        raise GaugesFailed(failed)
     m.GAUGES_REFRESHED.set_to_current_time()
+
+
+class GaugesFailed(Exception):
+    """Some database gauges could not be read (the others were refreshed)."""
+
+    def __init__(self, failed: dict[str, BaseException]) -> None:
+        self.failed = failed
+        what = "; ".join(f"{name}: {type(e).__name__}: {e}" for name, e in failed.items())
+        super().__init__(f"{len(failed)} gauge queries failed ({what})")

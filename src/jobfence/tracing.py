@@ -47,7 +47,15 @@ if TYPE_CHECKING:
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import trace as otel_trace
-    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    from opentelemetry.trace import (
+        INVALID_SPAN,
+        Link,
+        NoOpTracerProvider,
+        ProxyTracerProvider,
+        SpanKind,
+        Status,
+        StatusCode,
+    )
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     AVAILABLE = True
@@ -101,6 +109,17 @@ class Tracing(Observer):
     def __init__(self) -> None:
         self.tracer = otel_trace.get_tracer(SCOPE)
         self.propagator = TraceContextTextMapPropagator()
+        self._live = False
+
+    @property
+    def live(self) -> bool:
+        """An SDK records spans (a tracer provider other than the API's no-op one is set;
+        once set it stays). Until then the per-job paths make no spans: they only pass the
+        trace context on, which is all the API's no-op spans would do."""
+        if not self._live:
+            provider = otel_trace.get_tracer_provider()
+            self._live = not isinstance(provider, ProxyTracerProvider | NoOpTracerProvider)
+        return self._live
 
     # -- the stored form -------------------------------------------------------------------
 
@@ -123,8 +142,12 @@ class Tracing(Observer):
     # -- producers -------------------------------------------------------------------------
 
     @contextmanager
-    def send(self, jobs: Sequence[OutgoingJob], transport: str) -> Iterator[list[OutgoingJob]]:
+    def send(self, jobs: Sequence[OutgoingJob], transport: str) -> Iterator[Sequence[OutgoingJob]]:
         """A ``send`` span around enqueueing ``jobs``; yields them carrying its context."""
+        if not self.live:
+            passed_on = self.current()  # a context the caller runs in (a traced job's)
+            yield [replace(job, trace_context=passed_on) for job in jobs] if passed_on else jobs
+            return
         queues = {job.queue for job in jobs}
         queue = next(iter(queues)) if len(queues) == 1 else "(several)"
         attributes: dict[str, Any] = {
@@ -149,6 +172,9 @@ class Tracing(Observer):
         self, queue: str, event_id: str, correlation_id: str | None, system: str
     ) -> Iterator[str | None]:
         """A ``create`` span around writing an outbox event; yields the context it stores."""
+        if not self.live:
+            yield self.current()
+            return
         attributes = {
             SYSTEM: system_of(system),
             DESTINATION: queue,
@@ -166,6 +192,8 @@ class Tracing(Observer):
     ) -> list[Any]:
         """Started ``publish`` spans, one per outbox event, each a child of the event's own
         ``create`` context (the job keeps that context: the consumer is its sibling)."""
+        if not self.live:
+            return []
         spans = []
         for event in events:
             attributes = {
@@ -227,7 +255,19 @@ class Tracing(Observer):
     @contextmanager
     def process(self, delivery: Delivery, transport: str, consumer: str | None) -> Iterator[Any]:
         """The ``process`` span of one delivery, a child of the context it travelled with;
-        current while the harness works (so handler spans and logs join it)."""
+        current while the harness works (so handler spans and logs join it). Without an
+        SDK, only the job's context is made current (its enqueues pass it on)."""
+        if not self.live:
+            if not delivery.trace_context:
+                yield INVALID_SPAN
+                return
+            context = self.context_of(delivery.trace_context)
+            token = otel_context.attach(context)
+            try:
+                yield otel_trace.get_current_span(context)
+            finally:
+                otel_context.detach(token)
+            return
         attributes = {
             SYSTEM: system_of(transport),
             DESTINATION: delivery.queue,
@@ -271,6 +311,8 @@ class Tracing(Observer):
         delay: timedelta,
         error: str,
     ) -> None:
+        if not self.live:
+            return
         otel_trace.get_current_span().set_attribute(ERROR_CATEGORY, category.value)
         attributes = {
             DESTINATION: delivery.queue,
@@ -303,6 +345,8 @@ class Tracing(Observer):
         *,
         created: bool = True,
     ) -> None:
+        if not self.live:
+            return
         otel_trace.get_current_span().set_attribute(ERROR_CATEGORY, category.value)
         attributes: dict[str, Any] = {
             DESTINATION: delivery.queue,

@@ -139,6 +139,7 @@ class Worker:
 
         #: what /livez and /readyz report for this worker (jobfence.health)
         self.health = Health("worker")
+        self._inflight_reported = 0
 
     def request_stop(self) -> None:
         """Stop fetching and shut down gracefully (what SIGTERM does): in-flight jobs get
@@ -230,7 +231,9 @@ class Worker:
             tracing=app.tracing,
         )
         background = [
-            asyncio.create_task(self.health.watch(app.db), name="jobfence-health"),
+            asyncio.create_task(
+                self.health.watch(app.db, self._report_inflight), name="jobfence-health"
+            ),
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
             asyncio.create_task(self._maintenance(), name="jobfence-maintenance"),
         ]
@@ -255,6 +258,8 @@ class Worker:
             unregister(self.health)
             WORKERS.dec()
             WORKER_SLOTS.dec(self.concurrency)
+            WORKER_INFLIGHT.dec(self._inflight_reported)
+            self._inflight_reported = 0
             for task in background:
                 task.cancel()
             for task in background:
@@ -328,13 +333,10 @@ class Worker:
         task = asyncio.create_task(harness.handle_batch(batch))
         self._inflight[task] = batch
         self._began[task] = time.monotonic()
-        WORKER_INFLIGHT.inc(len(batch))
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[list[Outcome]]) -> None:
-        batch = self._inflight.pop(task, None)
-        if batch is not None:
-            WORKER_INFLIGHT.dec(len(batch))
+        self._inflight.pop(task, None)
         self._began.pop(task, None)
         if task.cancelled():
             return
@@ -429,6 +431,13 @@ class Worker:
 
     def _busy(self) -> int:
         return sum(len(batch) for batch in self._inflight.values())
+
+    def _report_inflight(self) -> None:
+        """Every second: this worker's share of ``jobfence_worker_inflight_jobs`` (read on
+        the tick, not per job: the job path pays nothing for it)."""
+        busy = self._busy()
+        WORKER_INFLIGHT.inc(busy - self._inflight_reported)
+        self._inflight_reported = busy
 
     async def _heartbeat(self) -> None:
         interval = max(self.app.lease.total_seconds() / 3, 0.2)

@@ -276,6 +276,43 @@ async def test_sigterm_finishes_the_running_job_and_takes_nothing_new(
     assert await effects(target.database_url) == [("after-stop", 1), ("slow-2", 1)]
 
 
+async def test_a_second_sigterm_hands_the_running_job_back_at_once(
+    target: Target, tmp_path: Path
+) -> None:
+    """Issue 12 §7 on every transport: a handler hangs inside its transaction after writing
+    its effect; the grace is 60 s. Two SIGTERMs: the worker exits in seconds, the effect rolled
+    back (no fence either); the job was handed back (nacked, republished or left to its lease,
+    per transport) and the next worker applies it exactly once, as attempt 2."""
+    app = target.app()
+    async with app:
+        await app.enqueue(target.queue, {"mode": "hang"}, job_id="hung-1")
+    log = tmp_path / "w1.log"
+    proc = start_worker(target.env(tmp_path, lease=5.0), log, "--shutdown-grace", "60s")
+    try:
+        await eventually(
+            lambda: (tmp_path / "hung-1.started.1").exists(), timeout=180, what="running"
+        )
+        proc.terminate()
+        await eventually(lambda: "shutdown requested" in log.read_text(), what="first signal")
+        proc.terminate()
+        began = time.monotonic()
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+        assert time.monotonic() - began < 30  # not the 60 s grace
+    finally:
+        kill_worker(proc)
+    assert await effects(target.database_url) == []
+    assert await fences(target) == 0
+    assert "cancelled 1 in-flight job" in log.read_text()
+    proc = start_worker(target.env(tmp_path, lease=5.0), tmp_path / "w2.log")
+    try:
+        await eventually(lambda: _has_effect(target, "hung-1"), timeout=180, what="hung-1 applied")
+        await eventually(lambda: drained(target), timeout=180, what="second worker done")
+    finally:
+        assert stop_worker(proc) == 0
+    assert await effects(target.database_url) == [("hung-1", 2)]
+    assert await fences(target) == 1
+
+
 async def _has_effect(target: Target, job_id: str) -> bool:
     return job_id in {j for j, _ in await effects(target.database_url)}
 

@@ -141,7 +141,7 @@ def test_compose_wires_the_whole_stack() -> None:
     }
     for name in ("worker", "relay", "ops", "migrate"):
         env = services[name]["environment"]
-        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4317", name
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318", name
         assert "${POSTGRES_PASSWORD:?" in env["JOBFENCE_DATABASE_URL"], name
     for name in ("worker", "relay", "ops"):
         after = services[name]["depends_on"]["migrate"]["condition"]

@@ -7,9 +7,20 @@ from __future__ import annotations
 
 import json
 
-from jobfence import App
+import httpx
 
-from ..deadletters.conftest import OpsServer, letter_params, ops, seed_letters
+from jobfence import App
+from jobfence.ops.app import create_app
+
+from ..deadletters.conftest import (
+    OpsServer,
+    Tokens,
+    letter_params,
+    make_tokens,
+    ops,
+    seed_letters,
+    serve,
+)
 from ..helpers import query, table
 from .test_service import dialect, fail_once, row_ids
 
@@ -135,3 +146,24 @@ async def test_bulk_discard_previews_then_discards_with_a_reason(ops: OpsServer)
         ("b", "discarded"),
         ("c", "pending_review"),
     ]
+
+
+async def test_with_a_broker_transport_the_job_routes_say_where_the_jobs_are(
+    sqlite_database: str,
+) -> None:
+    """The jobs live in the broker: 404 naming the reason, not an empty list that would read
+    as "no jobs"; dead letters still work (they live in the database)."""
+    tokens = await make_tokens(sqlite_database)
+    app = App(sqlite_database, transport="redis://127.0.0.1:6379/0?prefix=jf-i14g-api")
+    async with serve(create_app(jobfence_app=app)) as base, ops_client(base, tokens) as otto:
+        jobs = await otto.get("/v1/jobs")
+        queues = await otto.get("/v1/queues")
+        letters = await otto.get("/v1/dead-letters")
+    await app.close()
+    assert (jobs.status_code, queues.status_code, letters.status_code) == (404, 404, 200)
+    assert "keeps its jobs in a broker" in jobs.json()["detail"]
+
+
+def ops_client(base: str, tokens: Tokens) -> httpx.AsyncClient:
+    auth = {"Authorization": f"Bearer {tokens.operator}"}
+    return httpx.AsyncClient(base_url=base, headers=auth)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from jobfence.deadletters import Actor, Filter
 from jobfence.errors import InvalidRequest, NotFound, ReviewConflict
 
 from ..deadletters.conftest import letter_params, seed_letters
-from ..helpers import RunningWorker, eventually, query, table
+from ..helpers import RunningWorker, eventually, query, start_worker, table
 
 OPS = Actor("otto", "cli")
 
@@ -221,7 +222,38 @@ async def test_cancel_of_a_job_whose_handler_is_working_answers_at_once(
                     await asyncio.wait_for(act, timeout=10)  # not blocked by the handler
             release.set()
             await eventually(lambda: w.stats.handled == 1, what="the job done")
-    assert await query(pg_database, "SELECT count(*) FROM core.dead_letters") == [(0,)]
+    assert await query(
+        pg_database, f"SELECT count(*) FROM {table(pg_database, 'dead_letters')}"
+    ) == [(0,)]
+
+
+async def test_cancel_beside_a_sqlite_worker_holding_the_write_lock_answers_at_once(
+    sqlite_database: str, tmp_path: Path
+) -> None:
+    """On SQLite a running handler's transaction holds the database's write lock (in another
+    process: a worker). Cancel and retry-now read the job first and say "running" at once,
+    instead of waiting up to the busy timeout for the lock."""
+    from ..conftest import make_ledger
+
+    await make_ledger(sqlite_database)
+    env = {"JF_DB": sqlite_database, "JF_MARKS": str(tmp_path), "JF_LEASE": "30"}
+    async with App(sqlite_database) as app:  # opened first, like an ops server
+        await app.enqueue("crash", {"mode": "sleep", "seconds": 60}, job_id="slow-1")
+        (row,) = (await row_ids(sqlite_database)).values()
+        worker = start_worker("tests.apps.crash_app:app", env, tmp_path / "w.log")
+        try:
+            await eventually(
+                lambda: (tmp_path / "slow-1.started.1").exists(), timeout=60, what="its handler"
+            )
+            for act in (
+                jobctl.cancel_job(app.db, row, actor=OPS, reason="stop it"),
+                jobctl.retry_now(app.db, row, actor=OPS),
+            ):
+                with pytest.raises(ReviewConflict, match="running on worker"):
+                    await asyncio.wait_for(act, timeout=10)
+        finally:
+            worker.kill()  # kill -9: the job would come back when its lease runs out
+            worker.wait()
 
 
 async def test_pause_stops_claims_and_resume_restores_them(app: App, database_url: str) -> None:
@@ -247,6 +279,12 @@ async def test_pause_stops_claims_and_resume_restores_them(app: App, database_ur
         ("sms", False, False, 0, 1),
     ]
     assert await jobctl.unserved_jobs(app.db, {"mail", "push"}, actor=OPS) == 0
+    assert jobctl.unserved_among(queues) == 0  # sms's one job is running
+    await app.enqueue("sms", {"n": 2}, job_id="s-2")
+    await app.enqueue("sms", {"n": 3}, job_id="s-3")
+    again = await jobctl.list_queues(app.db, actor=OPS, served={"mail", "push"})
+    assert jobctl.unserved_among(again) == 2
+    assert await jobctl.unserved_jobs(app.db, {"mail", "push"}, actor=OPS) == 2
     await jobctl.resume_queue(app.db, "mail", actor=OPS)
     got = await app.transport.fetch(["mail"], 10, 0)
     assert [d.job_id for d in got] == ["m-1"]

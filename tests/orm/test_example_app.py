@@ -85,7 +85,19 @@ def project(tmp_path: Path, store: str) -> Iterator[Project]:
     person.stop()
 
 
+README = (EXAMPLE / "README.md").read_text(encoding="utf-8")
+
+
 async def test_the_example_shop_runs_as_documented(project: Project, store: str) -> None:
+    # the commands below are the README's (the port aside)
+    for command in (
+        "python shop.py",
+        "jobfence migrate --app shop:jobs",
+        "uvicorn shop:api --port",
+        "jobfence relay shop:jobs --with-worker",
+        "-H 'Idempotency-Key: ",
+    ):
+        assert command in README, command
     assert "tables created" in project.run(sys.executable, "shop.py")
     assert "applied migrations" in project.run("jobfence", "migrate", "--app", "shop:jobs")
     port = free_port()

@@ -42,7 +42,9 @@ async def test_sigkill_inside_the_orm_transaction_leaves_neither(
     env = {"JF_DB": url, "JF_MARKS": str(tmp_path), "JF_LEASE": "1"}
     proc = start_worker(worker_app, env, tmp_path / "w1.log")
     try:
-        wait_until(lambda: (tmp_path / "k-1.in-tx").exists(), what="handler inside its tx")
+        wait_until(
+            lambda: (tmp_path / "k-1.in-tx").exists(), timeout=60, what="handler inside its tx"
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:

@@ -5,6 +5,8 @@ SQLite (sqlite3), real SQLAlchemy. (SIGKILL: tests/orm/test_orm_crash.py.)"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -220,3 +222,42 @@ def test_handlers_of_a_sync_engine_app_are_def_with_a_session(tmp_path: Any) -> 
             App(engine=object())
     finally:
         engine.dispose()
+
+
+async def test_other_connections_of_the_engine_commit_while_a_job_holds_one(
+    orm: tuple[App, Engine, str],
+) -> None:
+    """The guards watch only the connection lent to a handler: while a job holds one, the
+    application's own connections of the same engine commit and roll back as usual."""
+    app, engine, url = orm
+    inside, release = threading.Event(), threading.Event()
+
+    @app.consumer("orm.credit")
+    def handle(job: Job[dict[str, Any]], session: Session) -> None:
+        session.add(Credit(job_id=job.job_id, member_id="m", points=1))
+        session.flush()
+        inside.set()
+        release.wait(30)
+
+    def own_work() -> None:
+        for end in ("commit", "rollback"):
+            with engine.connect() as conn:
+                conn.execute(text("SELECT count(*) FROM orm_credits"))
+                getattr(conn, end)()
+        if url.startswith("postgresql"):  # SQLite: the job holds the one writer
+            with Session(engine) as session:
+                session.add(Credit(job_id="web", member_id="m", points=2))
+                session.commit()
+
+    async with app:
+        await app.enqueue("orm.credit", {}, job_id="job")
+        async with RunningWorker(app) as w:
+            await eventually(lambda: inside.is_set(), what="the handler holds its connection")
+            try:
+                await asyncio.to_thread(own_work)
+            finally:
+                release.set()
+            await eventually(lambda: w.stats.handled == 1, what="settled")
+    expected = [("job", 1), ("web", 2)] if url.startswith("postgresql") else [("job", 1)]
+    assert credits(engine) == expected
+    assert await fences(url) == 1

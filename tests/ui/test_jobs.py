@@ -4,6 +4,7 @@ dead letters with preview and reason. Outcomes checked in SQL."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from playwright.async_api import expect
@@ -102,6 +103,40 @@ async def test_pause_stops_a_worker_claiming_and_resume_restarts_it(console: Con
         ("queue.pause", "SMTP relay down"),
         ("queue.resume", None),
     ]
+
+
+async def test_a_running_job_shows_its_worker_and_cannot_be_cancelled(console: Console) -> None:
+    """The handler works inside its transaction: the page shows the job running on its worker
+    with no Cancel; a POST anyway is refused at once (409), not held until the handler ends."""
+    url = console.database_url
+    worker_app = App(url)
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    @worker_app.consumer("mail")
+    async def mail(job: Job[Any], tx: Tx) -> None:
+        inside.set()
+        await release.wait()
+
+    await console.app.enqueue("mail", {}, job_id="busy-1")
+    (row,) = (await row_ids(url)).values()
+    page = await console.signed_in(console.tokens.operator)
+    async with worker_app, RunningWorker(worker_app) as w:
+        await asyncio.wait_for(inside.wait(), timeout=30)
+        await page.goto(f"/ui/jobs/{row}")
+        await expect(page.locator("h1 .badge")).to_have_text("running")
+        await expect(page.locator("dl.facts")).to_contain_text("lease until")
+        await expect(page.locator("form[action$='/cancel']")).to_have_count(0)
+        r = await page.request.post(
+            f"/ui/jobs/{row}/cancel",
+            form={"csrf": await csrf_of(page), "reason": "stop it"},
+            headers={"Origin": origin(console.url)},
+            timeout=10_000,
+        )
+        assert r.status == 409
+        assert "running on worker" in await r.text()
+        release.set()
+        await eventually(lambda: w.stats.handled == 1, what="the job done")
+    assert await scalar(url, "SELECT count(*) FROM core.dead_letters") == 0
 
 
 async def test_a_viewer_cannot_control_jobs_or_queues(console: Console) -> None:

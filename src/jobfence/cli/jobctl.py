@@ -272,12 +272,7 @@ def list_queues(database_url: str | None, transport: str | None, as_json: bool) 
         async with _queue(database_url, transport) as (app, qdb):
             known = set(app.consumers) or None
             found = await jobctl.list_queues(app.db, actor=_who(), served=known, queue_db=qdb)
-            unserved = (
-                await jobctl.unserved_jobs(app.db, known, actor=_who(), queue_db=qdb)
-                if known
-                else 0
-            )
-            return found, unserved
+            return found, jobctl.unserved_among(found)
 
     found, unserved = run(go())
     if as_json:

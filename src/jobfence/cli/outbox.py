@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import click
+from rich.console import Console
 from rich.table import Table
 
 from .. import outbox
@@ -26,6 +27,7 @@ from ._common import (
     console,
     database_option,
     database_url_option,
+    err_console,
     json_option,
     limit_option,
     log_options,
@@ -223,9 +225,10 @@ def show_event(event_id: str, database_url: str | None, as_json: bool) -> None:
     click.echo(json.dumps(event.to_json(), ensure_ascii=False, indent=None if as_json else 2))
 
 
-def _preview_table(preview: outbox.RedrivePreview) -> None:
+def _preview_table(preview: outbox.RedrivePreview, out: Console = console) -> None:
+    """The preview of a bulk re-drive (on stderr with --json: stdout is for the JSON)."""
     where = f" in queue {preview.queue}" if preview.queue else ""
-    console.print(f"outbox re-drive: {preview.total} PUBLISH_FAILED_RETRY event(s){where}")
+    out.print(f"outbox re-drive: {preview.total} PUBLISH_FAILED_RETRY event(s){where}")
     if not preview.total:
         return
     table = Table()
@@ -233,7 +236,7 @@ def _preview_table(preview: outbox.RedrivePreview) -> None:
     table.add_column("events", justify="right")
     for queue, events in preview.queues.items():
         table.add_row(queue, str(events))
-    console.print(table)
+    out.print(table)
     if preview.sample:
         sample = Table(title=f"sample ({len(preview.sample)} of {preview.total}, newest first)")
         for column in ("event_id", "queue", "attempts", "last error"):
@@ -242,7 +245,7 @@ def _preview_table(preview: outbox.RedrivePreview) -> None:
             sample.add_row(
                 event.event_id, event.queue, str(event.attempts), (event.last_error or "")[:100]
             )
-        console.print(sample)
+        out.print(sample)
 
 
 @outbox_group.command("redrive")
@@ -296,7 +299,7 @@ def redrive(
                     app.db, actor=who, reason=reason, event_ids=list(event_ids), via="cli"
                 )
             preview = await outbox.preview_redrive(app.db, queue=queue)
-            _preview_table(preview)
+            _preview_table(preview, err_console if as_json else console)
             if preview.total == 0:
                 return None
             if expect is not None and expect != preview.total:

@@ -28,6 +28,8 @@ ENV_ONLY: dict[str, str] = {
     "JOBFENCE_ALERT_WEBHOOK_TOKEN": "bearer token sent with webhook alerts",
     "PUBSUB_EMULATOR_HOST": "host:port of the Pub/Sub emulator for `pubsub://` transports "
     "(Google's own variable)",
+    "COLUMNS": "width of the CLI's tables when set; without it, a table piped to another "
+    "program is 160 columns wide (ids never wrap) and one on a terminal fits the terminal",
 }
 
 

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, LiteralString
@@ -119,31 +120,69 @@ def sync_driver_connection(obj: Any) -> Any:
     return obj.connection.driver_connection
 
 
-class _Lend:
-    """What watches a lent SQLAlchemy connection while the handler runs: transaction control
-    on the connection is refused (the job fails, whatever the handler does with the error)."""
+#: where a lent connection carries its guard (``Connection.info``, the pooled connection's)
+_GUARD = "jobfence.guard"
 
-    def __init__(self, guard: TxGuard) -> None:
-        self.guard = guard
 
-    def attach(self, conn: Connection) -> None:
-        event.listen(conn, "commit", self._commit)
-        event.listen(conn, "rollback", self._rollback)
-        event.listen(conn, "before_cursor_execute", self._statement)
+def _watch(engine: Engine) -> None:
+    """Install, once per engine, the listeners that watch a lent connection while a handler
+    runs: transaction control on it is refused (the job fails, whatever the handler does with
+    the error). Engine-wide listeners cost a dictionary lookup on the engine's other
+    connections; listening on each job's ``Connection`` instead cost ~130 µs a job."""
+    if getattr(engine, "_jobfence_watched", False):
+        return
+    event.listen(engine, "commit", _on_commit)
+    event.listen(engine, "rollback", _on_rollback)
+    event.listen(engine, "before_cursor_execute", _on_statement)
+    engine._jobfence_watched = True  # type: ignore[attr-defined]
 
-    def _refuse(self, verb: str) -> None:
-        if self.guard.active:
-            self.guard.refused = self.guard.refused or verb
-            raise refusal(verb)
 
-    def _commit(self, _conn: Connection) -> None:
-        self._refuse("COMMIT (connection.commit())")
+def _lend(conn: Connection, guard: TxGuard) -> None:
+    conn.info[_GUARD] = guard
 
-    def _rollback(self, _conn: Connection) -> None:
-        self._refuse("ROLLBACK (connection.rollback())")
 
-    def _statement(self, _conn: Connection, _cur: Any, statement: str, *_: Any) -> None:
-        self.guard.screen(statement)
+def _unlend(conn: Connection) -> None:
+    with contextlib.suppress(Exception):  # an invalidated connection has no info
+        conn.info.pop(_GUARD, None)
+
+
+def _refuse(conn: Connection, verb: str) -> None:
+    guard: TxGuard | None = conn.info.get(_GUARD)
+    if guard is not None and guard.active:
+        guard.refused = guard.refused or verb
+        raise refusal(verb)
+
+
+def _on_commit(conn: Connection) -> None:
+    _refuse(conn, "COMMIT (connection.commit())")
+
+
+def _on_rollback(conn: Connection) -> None:
+    _refuse(conn, "ROLLBACK (connection.rollback())")
+
+
+def _on_statement(conn: Connection, _cur: Any, statement: str, *_: Any) -> None:
+    guard: TxGuard | None = conn.info.get(_GUARD)
+    if guard is not None:
+        guard.screen(statement)
+
+
+async def _pg_begin(
+    driver: Any, sql: Mapping[str, LiteralString], steps: Sequence[str], params: Mapping[str, Any]
+) -> list[list[Row]]:
+    """``lend_begin`` and the fence steps in one round trip (client-side binding), as
+    jobfence's own pool does; psycopg begins the transaction first."""
+    from psycopg import AsyncClientCursor
+    from psycopg.rows import dict_row
+
+    results: list[list[Row]] = []
+    async with AsyncClientCursor(driver, row_factory=dict_row) as cur:
+        await cur.execute("; ".join([sql["lend_begin"], *(sql[s] for s in steps)]), params)
+        while True:
+            results.append(await cur.fetchall() if cur.description is not None else [])
+            if not cur.nextset():
+                break
+    return results[1:]
 
 
 def _screened(tx: Tx) -> Tx:
@@ -199,6 +238,7 @@ class EngineWork:
         self.sql = queries(self.dialect, schema)
         self.session_options = dict(session_options or {})
         self.session_options.setdefault("expire_on_commit", False)
+        _watch(engine.sync_engine)
         #: jobfence's own database for the same file: on SQLite its writer lock is taken too,
         #: so that the worker's own writes and the jobs' queue up instead of busy-waiting
         self.db: Database | None = None
@@ -233,15 +273,15 @@ class EngineWork:
             if self.dialect == "sqlite":
                 if not driver.in_transaction:
                     await driver.execute("BEGIN IMMEDIATE -- jobfence")
+                results = [await tx.q(step, params) for step in steps]
             else:
-                await tx.q("lend_begin", params)
-            results = [await tx.q(step, params) for step in steps]
+                results = await _pg_begin(driver, self.sql, steps, params)
             session = AsyncSession(
                 bind=conn, join_transaction_mode="create_savepoint", **self.session_options
             )
             tx.session = session
             tx.guard = guard
-            _Lend(guard).attach(conn._proxied)
+            _lend(conn._proxied, guard)
             if self.dialect == "sqlite":
                 from .sqlite import _Lent
 
@@ -274,11 +314,15 @@ class EngineWork:
             if problem is not None:
                 raise problem
             if self.dialect == "postgresql":
-                await _lend_commit(tx, params)
-            await outer.commit()
+                from .postgres import _commit
+
+                await _commit(driver, self.sql, params)  # the fence's check and COMMIT, one trip
+            await outer.commit()  # (on PostgreSQL the driver is idle now: SQLAlchemy's bookkeeping)
         except BaseException:
             await asyncio.shield(_abandon(tx, driver))
             raise
+        finally:
+            _unlend(conn._proxied)
 
 
 def _status(
@@ -321,20 +365,6 @@ async def _lost(
     return None if row and row[0] == params["jobfence_tx"] else ended("ended or replaced")
 
 
-async def _lend_commit(tx: Tx, params: Mapping[str, Any]) -> None:
-    import psycopg
-
-    from .postgres import _boundary_error
-
-    try:
-        await tx.q("lend_commit", params)
-    except psycopg.Error as exc:
-        problem = _boundary_error(exc)
-        if problem is not None:
-            raise problem from exc
-        raise
-
-
 async def _abandon(tx: Tx, driver: Any) -> None:
     """Roll the job's transaction back at the driver, whatever state SQLAlchemy's objects are
     in after a refused commit (the connection then goes back to the engine's pool)."""
@@ -347,6 +377,18 @@ async def _abandon(tx: Tx, driver: Any) -> None:
 
 
 # -- synchronous engines: `def handle(job, session: Session)` -----------------------------------
+
+
+_writers: dict[str, threading.Lock] = {}
+_writers_lock = threading.Lock()
+
+
+def _sqlite_writer(engine: Engine) -> threading.Lock:
+    """One lock per SQLite file in this process (see :func:`jobfence.hosted.sqlite_writer`,
+    which ``db/`` may not import)."""
+    key = os.path.realpath(engine.url.database or "")
+    with _writers_lock:
+        return _writers.setdefault(key, threading.Lock())
 
 
 class SessionHost:
@@ -372,6 +414,8 @@ class SessionHost:
         self.sql = queries(self.dialect, schema)
         self.session_options = dict(session_options or {})
         self.session_options.setdefault("expire_on_commit", False)
+        _watch(engine)
+        self.writer = _sqlite_writer(engine) if self.dialect == "sqlite" else None
 
     def check_handler(self, handler: Any, *, is_async: bool) -> None:
         if is_async:
@@ -384,14 +428,19 @@ class SessionHost:
 
     @contextmanager
     def transaction(self) -> Iterator[SessionWork]:
-        with self.engine.connect() as conn:
+        # SQLite: the worker's threads queue for the one writer here, in turn, rather than in
+        # sqlite3's busy handler (which sleeps in growing steps)
+        writer = self.writer if self.writer is not None else contextlib.nullcontext()
+        with writer, self.engine.connect() as conn:
             work = SessionWork(self, conn)
             try:
                 yield work
-                work.outer.commit()
+                work.outer.commit()  # (on PostgreSQL the driver is idle: lend() committed)
             except BaseException:
                 work.abandon()
                 raise
+            finally:
+                _unlend(conn)
 
 
 class SessionWork:
@@ -407,15 +456,25 @@ class SessionWork:
         self.driver = driver
         self.session: Session | None = None
         self.token = {"jobfence_tx": f"{_PID}.sa.{next(_tokens)}"}
-        if self.dialect == "sqlite":
-            if not self.driver.in_transaction:
-                self.driver.execute("BEGIN IMMEDIATE -- jobfence")
-        else:
-            self.run("lend_begin", self.token)
+        #: PostgreSQL: ``lend_begin`` goes to the server with the first fence step
+        self.begun = self.dialect == "sqlite"
+        if self.dialect == "sqlite" and not self.driver.in_transaction:
+            self.driver.execute("BEGIN IMMEDIATE -- jobfence")
 
     def run(self, name: str, params: Mapping[str, Any]) -> list[Row]:
-        """One of jobfence's named statements, on the driver's connection."""
-        cur = self.driver.execute(self.host.sql[name], params)
+        """One of jobfence's named statements, on the driver's connection (on PostgreSQL the
+        first one in the same round trip as ``lend_begin``, client-side bound)."""
+        sql = self.host.sql
+        if not self.begun:
+            from psycopg import ClientCursor
+            from psycopg.rows import dict_row
+
+            self.begun = True
+            with ClientCursor(self.driver, row_factory=dict_row) as cur:
+                cur.execute(f"{sql['lend_begin']}; {sql[name]}", {**params, **self.token})
+                cur.nextset()
+                return cur.fetchall() if cur.description is not None else []
+        cur = self.driver.execute(sql[name], params)
         if cur.description is None:
             return []
         names = [d[0] for d in cur.description]
@@ -428,7 +487,7 @@ class SessionWork:
             bind=self.conn, join_transaction_mode="create_savepoint", **self.host.session_options
         )
         self.session = session
-        _Lend(guard).attach(self.conn)
+        _lend(self.conn, guard)
         sqlite = self.dialect == "sqlite"
         if sqlite:
             from .sqlite import _Lent
@@ -460,11 +519,13 @@ class SessionWork:
             raise problem
         if not sqlite:
             import psycopg
+            from psycopg import ClientCursor
 
             from .postgres import _boundary_error
 
-            try:
-                self.run("lend_commit", self.token)
+            try:  # the fence's check and COMMIT in one round trip
+                with ClientCursor(self.driver) as cur:
+                    cur.execute(self.host.sql["lend_commit_and_commit"], self.token)
             except psycopg.Error as exc:
                 problem = _boundary_error(exc)
                 if problem is not None:

@@ -35,7 +35,7 @@ from ...db.adopt import SyncConnection
 from ...db.postgres import _boundary_error
 from ...db.sqlite import _Lent
 from ...errors import ConfigurationError, TransactionBoundaryError
-from ...hosted import HostedWork, WorkHost
+from ...hosted import HostedWork, WorkHost, sqlite_writer
 from ...sql import Dialect
 
 
@@ -255,5 +255,10 @@ class DjangoHost(WorkHost):
         # what Django does around a request: drop a broken connection or one past CONN_MAX_AGE
         connection.close_if_unusable_or_obsolete()
         dialect = dialect_of(connection)
-        with transaction.atomic(using=self.using):
+        writer = (
+            sqlite_writer(str(connection.settings_dict["NAME"]))
+            if dialect == "sqlite"
+            else contextlib.nullcontext()
+        )
+        with writer, transaction.atomic(using=self.using):
             yield DjangoWork(connection, dialect, self.schema)

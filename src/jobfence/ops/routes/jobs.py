@@ -244,8 +244,7 @@ async def list_queues(who: Principal = VIEWER, jf: App = APP) -> Any:
     actor, qdb = actor_of(who), queue_db(jf)
     known = set(jf.consumers) or None
     found = await jobctl.list_queues(jf.db, actor=actor, served=known, queue_db=qdb)
-    unserved = await jobctl.unserved_jobs(jf.db, known, actor=actor, queue_db=qdb) if known else 0
-    return {"queues": [q.to_json() for q in found], "unserved_jobs": unserved}
+    return {"queues": [q.to_json() for q in found], "unserved_jobs": jobctl.unserved_among(found)}
 
 
 @router.post(

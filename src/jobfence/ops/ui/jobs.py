@@ -139,7 +139,7 @@ async def queues(request: Request, user: User = SIGNED_IN) -> Response:
     qdb = queue_db(jf)
     known = served(jf)
     found = await jobctl.list_queues(jf.db, actor=actor, served=known, queue_db=qdb)
-    unserved = await jobctl.unserved_jobs(jf.db, known, actor=actor, queue_db=qdb) if known else 0
+    unserved = jobctl.unserved_among(found)  # the jobs are counted once
     return page(request, "queues.html", user, queues=found, unserved=unserved)
 
 

@@ -76,11 +76,7 @@ async def overview_data(request: Request, user: User) -> dict[str, Any]:
         if qdb is not None
         else [jobctl.QueueInfo(queue=q) for q in sorted(letters)]
     )
-    unserved = (
-        await jobctl.unserved_jobs(jf.db, known, actor=actor, queue_db=qdb)
-        if known and qdb is not None
-        else 0
-    )
+    unserved = jobctl.unserved_among(infos)  # from the counts above: jobs counted once
     scoped = user.principal.partner is not None
     done = {} if scoped else await _per_minute(jf.db, "console_done_per_minute", {})
     failed = await _per_minute(

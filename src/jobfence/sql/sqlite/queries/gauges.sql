@@ -1,9 +1,7 @@
 -- The database gauges (SPEC K1; docs/metrics.md); see the PostgreSQL twin.
 
 -- name: gauge_queue_lag
-SELECT queue,
-       count(*) AS due,
-       {NOW} - min(run_at) AS oldest_due_s
+SELECT queue, {NOW} - min(run_at) AS oldest_due_s
 FROM core_jobs
 WHERE state = 'available' AND run_at <= {NOW}
 GROUP BY queue
