@@ -39,7 +39,8 @@ from .errors import (
 from .jobs import AttemptRecord, Delivery, Job
 from .letters import DeadLetter
 from .observers import Observer
-from .relay import OutboxEvent, Relay
+from .outbox import OutboxEvent
+from .relay import Relay
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import OutgoingJob
 from .transports import Transport

@@ -20,10 +20,9 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
@@ -31,9 +30,16 @@ from .db import Database, Tx
 from .errors import Category, ConfigurationError, classify, describe, error_code
 from .health import Health, register, unregister
 from .metrics import RELAYS
-from .outbox import DEFAULT_RETENTION, PUBLISH_FAILED_RETRY, cleanup
+from .outbox import (  # also importable from here
+    DEFAULT_RETENTION,
+    PUBLISH_FAILED_RETRY,
+    OnPublished,
+    OutboxEvent,
+    RelayObserver,
+    RelayStats,
+    cleanup,
+)
 from .retry import RetryPolicy
-from .store import OutgoingJob
 
 if TYPE_CHECKING:
     from .app import App
@@ -72,56 +78,6 @@ GAVE_UP = Counter(
     "Outbox events that used up their attempts (state PUBLISH_FAILED_RETRY).",
     ["queue"],
 )
-
-
-@dataclass(frozen=True)
-class OutboxEvent:
-    """An event as a relay publishes it."""
-
-    id: int
-    event_id: str
-    queue: str
-    ordering_key: str | None
-    correlation_id: str | None
-    payload: bytes
-    attempts: int
-    claim: Any = None
-    #: the W3C trace context of the event's ``create`` span; its job carries it
-    trace_context: str | None = None
-
-    def job(self) -> OutgoingJob:
-        return OutgoingJob(
-            self.queue,
-            self.event_id,
-            self.payload,
-            self.correlation_id,
-            trace_context=self.trace_context,
-        )
-
-
-class RelayObserver:
-    """Hooks of a relay; no-ops by default. A hook that raises is logged and ignored."""
-
-    async def published(self, events: Sequence[OutboxEvent]) -> None:
-        """The transport accepted ``events``; they are not marked published yet (a crash now
-        means they are published again, and the consumer's fence absorbs it). On the
-        database queue of the same database (:attr:`Relay.direct`) they are queued and
-        marked in one transaction, and this runs after its commit."""
-
-    def publish_failed(self, event: OutboxEvent, error: str, gave_up: bool) -> None:
-        """One attempt failed; ``gave_up`` when the event is now PUBLISH_FAILED_RETRY."""
-
-
-OnPublished = Callable[[Tx, Sequence[OutboxEvent]], Awaitable[None]]
-
-
-@dataclass
-class RelayStats:
-    published: int = 0
-    failed_attempts: int = 0
-    gave_up: int = 0
-    rounds: int = 0
-    cleaned: int = 0
 
 
 class Relay:
