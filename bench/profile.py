@@ -16,7 +16,7 @@ if __name__ == "__main__":  # run with the project's virtualenv; re-runs itself 
     _bootstrap(__file__)
 
 from measure import BENCH, ROOT, BenchError, Worker, command, fresh_database, run_json
-from suite import JOBFENCE
+from suite import JOBFENCE_DEFAULT
 
 FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:()]+)(?::\d+)?\)$")
 
@@ -59,15 +59,15 @@ def summarize(raw: str, top: int = 25) -> str:
 
 
 def profile_jobfence(jobs: int, seconds: float = 15.0, mode: str = "durable") -> str:
-    """Profile the jobfence worker draining ``jobs`` jobs (fence on) of the ``durable`` or
-    ``noop`` workload."""
+    """Profile the jobfence worker at its defaults (no flag: the path most users run)
+    draining ``jobs`` jobs of the ``durable`` or ``noop`` workload."""
     spy = BENCH / ".venv-peers" / "bin" / "py-spy"
     out = ROOT / "bench" / "results" / f"profile-{time.strftime('%Y%m%dT%H%M%S')}.raw"
     out.parent.mkdir(exist_ok=True)
     with fresh_database() as url:
         run_json(command("jobfence", "setup", url))
         run_json(command("jobfence", "enqueue", url, str(jobs)))
-        worker = Worker(command("jobfence", "worker", url, "--mode", mode, *JOBFENCE.args))
+        worker = Worker(command("jobfence", "worker", url, "--mode", mode, *JOBFENCE_DEFAULT.args))
         try:
             worker.wait_ready()
             proc = subprocess.run(
