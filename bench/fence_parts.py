@@ -10,8 +10,8 @@ interleaved round after round on one fresh database:
 - ``fence``: the rows as the worker writes them, in a transaction lent to a handler
   (``core.fence_begin`` … ``core.fence_commit``): heap tuple, primary key entry,
   ``expires_at`` index entry, and the deferred guard trigger's event (SPEC H5);
-- ``no guard``: the same rows without the lent transaction's name, so the guard trigger
-  queues nothing;
+- ``no guard``: the same, with the lent transaction's name hidden while the rows go in, so
+  the guard trigger queues nothing (two more cheap statements per 50 rows);
 - ``no expires index``: into a copy of the table that has only its primary key;
 - ``base``: the same transaction (names, 50 random uuids sorted) writing nothing.
 
@@ -49,9 +49,11 @@ SCRIPTS = {
         f"INSERT INTO core.processed_jobs (consumer, job_id, expires_at) {_ROWS} "
         "ON CONFLICT DO NOTHING;\nSELECT core.fence_commit('bench');\nCOMMIT;\n"
     ),
-    "no guard": (
-        f"BEGIN;\nINSERT INTO core.processed_jobs (consumer, job_id, expires_at) {_ROWS} "
-        "ON CONFLICT DO NOTHING;\nCOMMIT;\n"
+    "no guard": (  # the same named transaction, its name hidden while the rows go in
+        "BEGIN;\nSELECT core.fence_begin('bench');\nSELECT set_config('jobfence.tx', '', true);\n"
+        f"INSERT INTO core.processed_jobs (consumer, job_id, expires_at) {_ROWS} "
+        "ON CONFLICT DO NOTHING;\nSELECT set_config('jobfence.tx', 'bench', true);\n"
+        "SELECT core.fence_commit('bench');\nCOMMIT;\n"
     ),
     "no expires index": (
         f"BEGIN;\nINSERT INTO bench_fences_pk_only (consumer, job_id, expires_at) {_ROWS} "
