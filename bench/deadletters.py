@@ -169,7 +169,7 @@ async def _fill_expired(app: App, store: str, fences: int) -> None:
         )
 
 
-async def _fencer(app: App, phase: Phase, stop: asyncio.Event, tag: str) -> None:
+async def fencer(app: App, phase: Phase, stop: asyncio.Event, tag: str) -> None:
     """Insert fence rows the way the harness does: one short transaction each."""
     i = 0
     while not stop.is_set():
@@ -185,7 +185,7 @@ async def _fencer(app: App, phase: Phase, stop: asyncio.Event, tag: str) -> None
 async def _measure(app: App, counter: _Count, seconds: float | None, until: Any, tag: str) -> Phase:
     phase = Phase()
     stop = asyncio.Event()
-    fencers = [asyncio.create_task(_fencer(app, phase, stop, f"{tag}{k}")) for k in range(4)]
+    fencers = [asyncio.create_task(fencer(app, phase, stop, f"{tag}{k}")) for k in range(4)]
     start_jobs, started = counter.n, time.perf_counter()
     try:
         if until is not None:
