@@ -106,7 +106,7 @@ FROM (
         SELECT g, (g * 7919) %% 1000 AS b, (g * 31) %% 1000 AS e,
                now() - (%(n)s - g) * (interval '{SPAN_DAYS} days' / %(n)s) AS f,
                convert_to('{{"order_id": "o-' || g || '", "amount": 12.5}}', 'UTF8') AS p
-        FROM generate_series(1, %(n)s) AS g
+        FROM generate_series(1, %(n)s::bigint) AS g
     ) AS base
 ) AS s
 ORDER BY g
