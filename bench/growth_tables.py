@@ -59,11 +59,33 @@ FROM generate_series(1, %(n)s) AS g
 """
 
 
+#: from this many rows, the indexes are dropped and built again after the INSERT (by a sort,
+#: ~10× faster than 10 000 000 inserts at random places of a key larger than shared_buffers)
+REBUILD_FROM = 1_000_000
+FENCE_INDEXES = [
+    ("ALTER TABLE core.processed_jobs DROP CONSTRAINT processed_jobs_pkey",
+     "ALTER TABLE core.processed_jobs ADD CONSTRAINT processed_jobs_pkey "
+     "PRIMARY KEY (consumer, job_id)"),
+    ("DROP INDEX core.processed_jobs_expires_idx",
+     "CREATE INDEX processed_jobs_expires_idx ON core.processed_jobs (expires_at)"),
+]  # fmt: skip
+
+
 def seed_fences(conn: psycopg.Connection[Any], n: int, *, expired: int = 0, tag: str = "") -> None:
     """``n`` fence rows over 4 consumers, job_ids spread like UUIDs (md5), in one INSERT: the
     first ``expired`` expired 23 days ago (processed 30 days ago), the rest live (processed an
-    hour ago, expiring in 6 days). ``tag`` makes the job_ids of another call differ."""
+    hour ago, expiring in 6 days). ``tag`` makes the job_ids of another call differ. From
+    :data:`REBUILD_FROM` rows the table's two indexes (the same definitions as the schema's)
+    are built after the rows are in."""
+    rebuild = n >= REBUILD_FROM
+    if rebuild:
+        conn.execute("SET maintenance_work_mem = '512MB'")
+        for drop, _ in FENCE_INDEXES:
+            conn.execute(drop)  # type: ignore[arg-type]
     conn.execute(FENCES_SQL, {"n": n, "expired": expired, "tag": tag})  # type: ignore[arg-type]
+    if rebuild:
+        for _, create in FENCE_INDEXES:
+            conn.execute(create)  # type: ignore[arg-type]
 
 
 #: queues by share (per mille) of the letters: one common, one rare
@@ -147,18 +169,17 @@ def letters_workload(args: argparse.Namespace, results: Any, step: Callable[[str
     out = _child("letters", "--small", str(small), "--big", str(big), "--rounds", str(args.repeat))
     for name, sizes in out["queries"].items():
         for n, label in ((small, "small"), (big, "big")):
-            data = sizes[label]
-            row = results.row(
-                "dead letters: first page p99",
-                f"{name} · {n:,} letters",
-                "ms",
-                higher_is_better=False,
-                baseline=None if label == "small" else f"{name} · {small:,} letters",
-            )
-            row.values.extend(data["p99"])
-            row.note = f"p50 {statistics.median(data['p50']):.2f} ms"
-            if label == "big" and data.get("plan"):
-                row.note += f"; {data['plan']}"
+            for stat in ("p50", "p99"):
+                row = results.row(
+                    f"dead letters: first page {stat}",
+                    f"{name} · {n:,} letters",
+                    "ms",
+                    higher_is_better=False,
+                    baseline=None if label == "small" else f"{name} · {small:,} letters",
+                )
+                row.values.extend(sizes[label][stat])
+                if stat == "p50" and label == "big" and sizes[label].get("plan"):
+                    row.note = sizes[label]["plan"]
     for n, label in ((small, "small"), (big, "big")):
         cli = out["cli"][label]
         results.row(
@@ -173,12 +194,12 @@ def letters_workload(args: argparse.Namespace, results: Any, step: Callable[[str
     worst = max(
         out["queries"].items(),
         key=lambda kv: (
-            statistics.median(kv[1]["big"]["p99"]) / statistics.median(kv[1]["small"]["p99"])
+            statistics.median(kv[1]["big"]["p50"]) / statistics.median(kv[1]["small"]["p50"])
         ),
     )
     step(
         f"letters: {small:,} vs {big:,} seeded in {out['seed_s']['big']:.0f}s; "
-        f"worst p99 ratio {worst[0]}; {time.perf_counter() - started:.0f}s in all"
+        f"worst p50 ratio {worst[0]}; {time.perf_counter() - started:.0f}s in all"
     )
 
 
@@ -238,11 +259,20 @@ def growth_targets(results: Any, verdict: Callable[[bool], str]) -> list[tuple[s
                     return r.median / base.median, label
         return None
 
-    for name, limit in LETTER_TARGETS.items():
-        got = ratio("dead letters: first page p99", f"{name} · ")
-        if got and not got[1].endswith(" 1,000 letters"):
-            out.append((f"letters: {name}, p99 at {got[1].split(' · ')[1]} ≤ {limit:g}× 1 000",
-                        f"{got[0]:.2f}×", verdict(got[0] <= limit)))  # fmt: skip
+    for name, stat, limit, unit in LETTER_TARGETS:
+        got = ratio(f"dead letters: first page {stat}", f"{name} · ")
+        if got is None:
+            continue
+        big = results.get(f"dead letters: first page {stat}", got[1])
+        n = got[1].split(" · ")[1]
+        if unit == "×":
+            target = f"letters: {name}, {stat} at {n} ≤ {limit:g}× 1 000 letters"
+            out.append((target, f"{got[0]:.2f}×", verdict(got[0] <= limit)))
+        elif unit == "ms":
+            target = f"letters: {name}, {stat} at {n} ≤ {limit:g} ms"
+            out.append((target, f"{big.median:.1f} ms", verdict(big.median <= limit)))
+        else:
+            out.append((f"letters: {name}, {stat} at {n} ÷ 1 000 letters", f"{got[0]:.2f}×", unit))
     for workload, big_label, limit, higher in (
         ("fence insert p50", "rows", 1.2, False),
         ("fence insert p99", "rows", 1.5, False),
@@ -261,19 +291,30 @@ def growth_targets(results: Any, verdict: Callable[[bool], str]) -> list[tuple[s
     return out
 
 
-#: p99 at 1M ÷ p99 at 1 000 allowed per listing (see docs/benchmarks.md, Method)
-LETTER_TARGETS = {
-    "list pending (CLI default)": 2.0,
-    "list, any status": 2.0,
-    "queue, common": 2.0,
-    "queue, rare": 2.0,
-    "category": 2.0,
-    "job_id": 2.0,
-    "error text, common": 2.0,
-    "failed in one day a week ago": 2.0,
-    "API: no filter": 2.0,
-    "API: queue + pending": 2.0,
-}
+#: (listing, statistic, limit, unit): "×" the 1 000-letter case in the same run, "ms" at 1M,
+#: anything else a ratio shown for information with that word (docs/benchmarks.md, Method)
+LETTER_TARGETS: list[tuple[str, str, float, str]] = [
+    ("list pending (CLI default)", "p99", 2.0, "×"),
+    ("API: no filter", "p99", 2.0, "×"),
+    *[
+        (name, "p50", 1.5, "×")
+        for name in (
+            "list pending (CLI default)",
+            "list, any status",
+            "queue, common",
+            "category",
+            "job_id",
+            "error text, common",
+            "queue + pending",
+            "failed in one day a week ago",
+            "API: no filter",
+            "API: queue + pending",
+        )
+    ],
+    ("queue, rare", "p50", 10.0, "ms"),
+    ("error text, rare", "p50", 250.0, "ms"),
+    ("failed in one day 60 days ago", "p50", 0.0, "info: reads every newer letter"),
+]
 
 
 # -- the child (the project's interpreter, jobfence importable) -------------------------------
