@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -321,8 +322,9 @@ LETTER_TARGETS: list[tuple[str, str, float, str]] = [
 
 
 def pct(values: list[float], q: float) -> float:
+    """The nearest-rank percentile (p99 of 100 calls: the second slowest, not the slowest)."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
 
 
 async def timed_calls(call: Callable[[], Awaitable[Any]], calls: int, budget: float) -> list[float]:
