@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from growth_tables import seed_fences
 from rich.console import Console
 from rich.table import Table
 
@@ -75,6 +76,7 @@ def _letter(dialect: str, i: int) -> dict[str, Any]:
         "enqueued_at": None,
         "partner": None,
         "trace": None,
+        "trace_context": None,
     }
 
 
@@ -150,15 +152,10 @@ class CleanupRun:
     during: Phase
 
 
-async def _fill_expired(app: App, store: str, fences: int) -> None:
+async def _fill_expired(app: App, url: str, store: str, fences: int) -> None:
     if store == "postgresql":
-        async with app.db.transaction() as tx:
-            await tx.execute(
-                "INSERT INTO core.processed_jobs (consumer, job_id, processed_at, expires_at) "
-                "SELECT 'old', 'old-' || g, now() - interval '30 days', "
-                "now() - interval '23 days' FROM generate_series(1, %s) AS g",
-                (fences,),
-            )
+        with psycopg.connect(url, autocommit=True) as conn:
+            seed_fences(conn, fences, expired=fences)
         return
     async with app.db.transaction() as tx:
         await tx.execute(
@@ -169,7 +166,7 @@ async def _fill_expired(app: App, store: str, fences: int) -> None:
         )
 
 
-async def _fencer(app: App, phase: Phase, stop: asyncio.Event, tag: str) -> None:
+async def fencer(app: App, phase: Phase, stop: asyncio.Event, tag: str) -> None:
     """Insert fence rows the way the harness does: one short transaction each."""
     i = 0
     while not stop.is_set():
@@ -185,7 +182,7 @@ async def _fencer(app: App, phase: Phase, stop: asyncio.Event, tag: str) -> None
 async def _measure(app: App, counter: _Count, seconds: float | None, until: Any, tag: str) -> Phase:
     phase = Phase()
     stop = asyncio.Event()
-    fencers = [asyncio.create_task(_fencer(app, phase, stop, f"{tag}{k}")) for k in range(4)]
+    fencers = [asyncio.create_task(fencer(app, phase, stop, f"{tag}{k}")) for k in range(4)]
     start_jobs, started = counter.n, time.perf_counter()
     try:
         if until is not None:
@@ -221,7 +218,7 @@ async def bench_cleanup(store: str, fences: int, batch: int) -> CleanupRun:
                 await tx.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
             await Store(app.db).migrate()
             started = time.perf_counter()
-            await _fill_expired(app, store, fences)
+            await _fill_expired(app, url, store, fences)
             print(
                 f"  {store}: {fences} expired fences written in "
                 f"{time.perf_counter() - started:.1f}s",

@@ -4,11 +4,12 @@
 
 A fresh PostgreSQL database gets ``--fences`` fence rows, ``--published`` published outbox
 events (kept for the retention) plus 1 000 PENDING and 100 PUBLISH_FAILED_RETRY ones,
-``--jobs`` waiting jobs over 10 queues (one in ten due in an hour) and 10 000 dead letters,
-then ANALYZE. Each variant runs ``--runs`` times after a warm-up, on one connection of this
-process; reported: median, fastest and slowest wall time per refresh (client to PostgreSQL
-on loopback), the spread (slowest / fastest: the machine's noise), and the ratio of medians
-against the baseline measured in the same run:
+``--jobs`` waiting jobs over 10 queues (one in ten due in an hour) and 10 000 dead letters
+(fences and letters seeded as bench/growth_tables.py does), then ANALYZE. Each variant runs
+``--runs`` times after a warm-up, on one connection of this process; reported: median,
+fastest and slowest wall time per refresh (client to PostgreSQL on loopback), the spread
+(slowest / fastest: the machine's noise), and the ratio of medians against the baseline
+measured in the same run:
 
 - ``baseline``: the three queries the gauges ran before (pending letters, queue depth,
   undelivered alerts);
@@ -33,6 +34,7 @@ import time
 import uuid
 
 import psycopg
+from growth_tables import seed_fences, seed_letters
 from rich.console import Console
 from rich.table import Table
 
@@ -46,9 +48,6 @@ from jobfence.store import Store
 ADMIN = os.environ.get("JOBFENCE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 SEED = [
-    """INSERT INTO core.processed_jobs (consumer, job_id, processed_at, expires_at)
-       SELECT 'c' || (g %% 10), 'job-' || g, now() - interval '1 hour', now() + interval '6 days'
-       FROM generate_series(1, %(fences)s) AS g""",
     """INSERT INTO core.outbox (event_id, queue, payload, state, published_at, created_at)
        SELECT 'ev-' || g, 'out-' || (g %% 5), '\\x7b7d', 'PUBLISHED', now(), now()
        FROM generate_series(1, %(published)s) AS g""",
@@ -62,12 +61,7 @@ SEED = [
               CASE WHEN g %% 10 = 0 THEN now() + interval '1 hour'
                    ELSE now() - g * interval '1 millisecond' END
        FROM generate_series(1, %(jobs)s) AS g""",
-    """INSERT INTO core.dead_letters (queue, consumer, job_id, payload, payload_size, attempts,
-           error_category, last_error)
-       SELECT 'queue-' || (g %% 10), 'c', 'dl-' || g, '\\x7b7d', 2, 6,
-              (ARRAY['TEMPORARY_ERROR', 'VALIDATION_ERROR'])[1 + g %% 2], 'boom'
-       FROM generate_series(1, 10000) AS g""",
-]
+]  # and the fences and dead letters of bench/growth_tables.py
 QUERIES = [
     "dl_pending_counts",
     "queue_depth",
@@ -142,6 +136,8 @@ async def main(args: argparse.Namespace) -> None:
         await Store(db).migrate()
         started = time.perf_counter()
         with psycopg.connect(url, autocommit=True) as conn:
+            seed_fences(conn, args.fences)
+            seed_letters(conn, 10_000)
             for sql in SEED:
                 conn.execute(sql, vars(args))  # type: ignore[arg-type]
             conn.execute("ANALYZE")

@@ -411,6 +411,9 @@ WORKLOADS = {
     "transports": "jobfence's durable workload on each transport",
     "memory": "jobfence worker RSS over one 50 000-job durable run (--memory-jobs)",
     "profile": "py-spy profile of the worker at its defaults, durable (after the table)",
+    # tables that grew (issue 16 §3, bench/growth_tables.py)
+    "letters": "dead letters at 1 000 000 vs 1 000: list, search and the ops API, p50/p99",
+    "fences": "fences at 10 000 000 vs empty: insert latency, drain, cleanup rows/s",
 }
 
 
@@ -427,6 +430,9 @@ ROW_PREFIXES = {
     "http": ("HTTP",),
     "transports": ("transports",),
     "memory": ("worker memory",),
+    # tables that grew (issue 16 §3)
+    "letters": ("dead letters:",),
+    "fences": ("fence insert", "fence table", "fence cleanup"),
 }
 
 
@@ -616,6 +622,15 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
 
         results.profile = profile_jobfence(n_tp, seconds=max(5.0, 15.0 * min(1.0, scale * 4)))
         step("profile written to bench/results/profile-*.txt")
+    # tables that grew (issue 16 §3)
+    if "letters" in only:
+        from growth_tables import letters_workload
+
+        letters_workload(args, results, step)
+    if "fences" in only:
+        from growth_tables import fences_workload
+
+        fences_workload(args, results, step)
     if "transports" in only:
         from transports_bench import transports
 
@@ -863,6 +878,9 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
                 ("worker RSS < 150 MB over the run", f"max {top:.0f} MB", verdict(top < 150))
             )
     out += defaults_targets(results, verdict)
+    from growth_tables import growth_targets  # tables that grew (issue 16 §3)
+
+    out += growth_targets(results, verdict)
     noop = results.get("noop", JOBFENCE.label)
     best_pgq = results.best("noop", "PGQueuer")
     if noop and best_pgq:

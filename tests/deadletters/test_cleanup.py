@@ -289,3 +289,23 @@ async def test_cleanup_of_many_expired_fences_does_not_stop_a_worker(pg_ledger: 
     rows = await query(url, "SELECT count(*), count(DISTINCT job_id) FROM ledger")
     assert rows == [(1000, 1000)]
     assert await scalar(url, "SELECT count(*) FROM core.processed_jobs") == 1000
+
+
+async def test_a_cleanup_batch_reads_its_rows_not_the_whole_table(pg_ledger: str) -> None:
+    """A batch deletes the rows it locked by ctid (a TID scan), whatever the table's size:
+    joined on the key, the planner hashed the whole fence table for every batch (a seq scan
+    each), so cleanup slowed as the table grew (issue 16 §3: bench/run.py --only fences)."""
+    url = pg_ledger
+    await query(
+        url,
+        "INSERT INTO core.processed_jobs (consumer, job_id, processed_at, expires_at) "
+        "SELECT 'points', md5(g::text), now() - interval '30 days', now() - interval '23 days' "
+        "FROM generate_series(1, 100000) AS g",
+    )
+    await query(url, "ANALYZE core.processed_jobs")
+    async with opened(url) as db:
+        sql = db.sql["cleanup_fences"]  # type: ignore[attr-defined]
+    params = {"now": None, "min_age": MIN_AGE.total_seconds(), "limit": 5000}
+    plan = "\n".join(row[0] for row in await query(url, f"EXPLAIN {sql}", params))
+    assert "Tid Scan on processed_jobs" in plan, plan
+    assert "Seq Scan on processed_jobs" not in plan, plan

@@ -59,8 +59,10 @@ SELECT core.fence_commit(%(jobfence_tx)s); COMMIT
 -- name: cleanup_fences
 -- Expired fences, oldest first, except: younger than min_age (a retry window), of a job_id
 -- with a letter pending review or replayed within min_age, or of a job still retrying here.
+-- The DELETE finds the locked rows by ctid (a TID scan): joined on the key, the planner
+-- hashed the whole table for every batch up to a few million rows (bench: fences workload).
 WITH doomed AS (
-    SELECT p.consumer, p.job_id
+    SELECT p.ctid
     FROM core.processed_jobs AS p
     WHERE p.expires_at <= coalesce(%(now)s::timestamptz, now())
       AND p.processed_at <= coalesce(%(now)s::timestamptz, now())
@@ -79,9 +81,8 @@ WITH doomed AS (
     LIMIT %(limit)s
     FOR UPDATE OF p SKIP LOCKED
 ), deleted AS (
-    DELETE FROM core.processed_jobs AS p
-    USING doomed AS d
-    WHERE p.consumer = d.consumer AND p.job_id = d.job_id
+    DELETE FROM core.processed_jobs
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
     RETURNING 1
 )
 SELECT count(*) AS deleted FROM deleted

@@ -1,0 +1,616 @@
+"""Tables that grew (issue 16 §3): dead letters at 1 000 000 and fences at 10 000 000, each
+measured against its small case in the same run.
+
+The suite (bench/suite.py, in bench/.venv-peers) calls :func:`letters_workload` and
+:func:`fences_workload`; each runs this file as a child under the project's interpreter
+(jobfence importable), which seeds a small and a big fresh database, measures both in
+interleaved rounds (so the machine's drift hits both alike) and prints one JSON line:
+
+    python bench/growth_tables.py letters SMALL_URL BIG_URL --small 1000 --big 1000000
+    python bench/growth_tables.py fences  SMALL_URL BIG_URL --big 10000000
+
+``letters``: the first page (50, the default) of the service functions behind
+``jobfence dead-letters list`` (:func:`jobfence.deadletters.letters`) and the ops API's search
+(:func:`jobfence.deadletters.search`) with each filter they offer, and ``GET /v1/dead-letters``
+of the ops API served by uvicorn on 127.0.0.1 (a socket from
+:func:`jobfence.http.tcp_listen_socket`); p50/p99 per round; each first page is checked
+against an independent query (ids, order, count), and the big database's plan of each
+search is read with EXPLAIN ANALYZE (seq scans, sorts, rows read). ``fences``: the harness's
+fence insert (:func:`jobfence.fence.claim_tx`, one short transaction each, 4 writers) on an
+empty table and on the big one, the durable drain rate of an in-process worker on each, then
+:func:`jobfence.cleanup.cleanup_fences` of the expired 90 % of a small and of the big table
+(rows/s, longest batch).
+
+The seeding (:func:`seed_fences`, :func:`seed_letters`: one INSERT … SELECT generate_series
+each) is shared with bench/deadletters.py and bench/gauges.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+HERE = Path(__file__).resolve().parent
+
+# -- seeding (shared with bench/deadletters.py and bench/gauges.py) ---------------------------
+
+FENCES_SQL = """
+INSERT INTO core.processed_jobs (consumer, job_id, processed_at, expires_at)
+SELECT (ARRAY['orders', 'invoices', 'emails', 'webhooks'])[1 + g %% 4], md5(%(tag)s || g),
+       CASE WHEN g <= %(expired)s
+            THEN now() - interval '30 days' + g * interval '1 millisecond'
+            ELSE now() - interval '1 hour' END,
+       CASE WHEN g <= %(expired)s
+            THEN now() - interval '23 days' + g * interval '1 millisecond'
+            ELSE now() + interval '6 days' END
+FROM generate_series(1, %(n)s) AS g
+"""
+
+
+#: from this many rows, the indexes are dropped and built again after the INSERT (by a sort,
+#: ~10× faster than 10 000 000 inserts at random places of a key larger than shared_buffers)
+REBUILD_FROM = 1_000_000
+FENCE_INDEXES = [
+    ("ALTER TABLE core.processed_jobs DROP CONSTRAINT processed_jobs_pkey",
+     "ALTER TABLE core.processed_jobs ADD CONSTRAINT processed_jobs_pkey "
+     "PRIMARY KEY (consumer, job_id)"),
+    ("DROP INDEX core.processed_jobs_expires_idx",
+     "CREATE INDEX processed_jobs_expires_idx ON core.processed_jobs (expires_at)"),
+]  # fmt: skip
+
+
+def seed_fences(conn: psycopg.Connection[Any], n: int, *, expired: int = 0, tag: str = "") -> None:
+    """``n`` fence rows over 4 consumers, job_ids spread like UUIDs (md5), in one INSERT: the
+    first ``expired`` expired 23 days ago (processed 30 days ago), the rest live (processed an
+    hour ago, expiring in 6 days). ``tag`` makes the job_ids of another call differ. From
+    :data:`REBUILD_FROM` rows the table's two indexes (the same definitions as the schema's)
+    are built after the rows are in."""
+    rebuild = n >= REBUILD_FROM
+    if rebuild:
+        conn.execute("SET maintenance_work_mem = '512MB'")
+        for drop, _ in FENCE_INDEXES:
+            conn.execute(drop)  # type: ignore[arg-type]
+    conn.execute(FENCES_SQL, {"n": n, "expired": expired, "tag": tag})  # type: ignore[arg-type]
+    if rebuild:
+        for _, create in FENCE_INDEXES:
+            conn.execute(create)  # type: ignore[arg-type]
+
+
+#: queues by share (per mille) of the letters: one common, one rare
+QUEUES = [("orders", 400), ("invoices", 200), ("emails", 150), ("webhooks", 100),
+          ("credits", 80), ("exports", 50), ("sync", 19), ("audit", 1)]  # fmt: skip
+COMMON_QUEUE, RARE_QUEUE = "orders", "audit"
+COMMON_ERROR, RARE_ERROR = "503", "VAT number"  # ~30 % and 0.1 % of the letters
+SPAN_DAYS, PENDING_DAYS = 90, 7
+
+LETTERS_SQL = f"""
+INSERT INTO core.dead_letters (queue, consumer, job_id, payload, payload_size, attempts,
+    error_category, error_code, last_error, status, enqueued_at, failed_at, reviewed_at,
+    reviewed_by, review_reason)
+SELECT q, q, 'job-' || g, p, octet_length(p), 1 + g %% 6, c, e_code, e,
+       st, f - interval '10 minutes', f,
+       CASE WHEN st <> 'pending_review' THEN f + interval '1 day' END,
+       CASE WHEN st <> 'pending_review' THEN 'ops-bench' END,
+       CASE WHEN st = 'discarded' THEN 'order cancelled, ticket OPS-' || g END
+FROM (
+    SELECT g, p, f,
+           CASE {
+    " ".join(
+        f"WHEN b < {sum(s for _, s in QUEUES[: i + 1])} THEN '{q}'"
+        for i, (q, _) in enumerate(QUEUES)
+    )
+} END AS q,
+           (ARRAY['TEMPORARY_ERROR', 'INTEGRATION_ERROR', 'VALIDATION_ERROR',
+                  'TECHNICAL_ERROR'])[1 + g %% 4] AS c,
+           CASE WHEN e < 300 THEN 'PartnerError'
+                WHEN e < 600 THEN 'TimeoutError'
+                WHEN e < 999 THEN 'ValidationError' ELSE 'ErpRejected' END AS e_code,
+           CASE WHEN e < 300 THEN 'TemporaryError: partner API answered 503 (order o-' || g || ')'
+                WHEN e < 600 THEN 'TimeoutError: ERP timed out after 30 s (try ' || g %% 6 || ')'
+                WHEN e < 999 THEN 'ValidationError: field amount must be positive, got -' || g
+                ELSE 'ERP rejected the invoice: VAT number unknown (inv-' || g || ')' END AS e,
+           CASE WHEN f > now() - interval '{PENDING_DAYS} days' OR g %% 100 = 0
+                THEN 'pending_review'
+                WHEN g %% 10 = 0 THEN 'discarded' ELSE 'replayed' END AS st
+    FROM (
+        SELECT g, (g * 7919) %% 1000 AS b, (g * 31) %% 1000 AS e,
+               now() - (%(n)s - g) * (interval '{SPAN_DAYS} days' / %(n)s) AS f,
+               convert_to('{{"order_id": "o-' || g || '", "amount": 12.5}}', 'UTF8') AS p
+        FROM generate_series(1, %(n)s::bigint) AS g
+    ) AS base
+) AS s
+ORDER BY g
+"""
+
+
+def seed_letters(conn: psycopg.Connection[Any], n: int) -> None:
+    """``n`` dead letters in one INSERT, failed over the last 90 days (ids in that order): 8
+    queues from 40 % to 0.1 %, 4 categories, 4 errors (one in 1 000 rare), pending review
+    the last week's plus 1 % of the older ones, the rest replayed (90 %) or discarded."""
+    conn.execute(LETTERS_SQL, {"n": n})  # type: ignore[arg-type]
+
+
+def seeded(url: str, seed: Callable[[psycopg.Connection[Any]], None]) -> float:
+    """Run ``seed`` on ``url``, then VACUUM ANALYZE (a table autovacuum has seen); seconds."""
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        seed(conn)
+        conn.execute("VACUUM ANALYZE")
+    return time.perf_counter() - started
+
+
+# -- the suite's side (bench/.venv-peers) -----------------------------------------------------
+
+
+def _child(kind: str, *args: str) -> dict[str, Any]:
+    from measure import fresh_database, python_for, run_json
+
+    with fresh_database() as small, fresh_database() as big:
+        cmd = [python_for("jobfence"), str(HERE / "growth_tables.py"), kind, small, big, *args]
+        return run_json(cmd, timeout=3600)
+
+
+def letters_workload(args: argparse.Namespace, results: Any, step: Callable[[str], None]) -> None:
+    """Dead letters at 1 000 000 (× scale) vs 1 000: p50/p99 of each listing and search."""
+    small, big = 1000, max(20_000, int(1_000_000 * args.scale))
+    started = time.perf_counter()
+    out = _child("letters", "--small", str(small), "--big", str(big), "--rounds", str(args.repeat))
+    for name, sizes in out["queries"].items():
+        for n, label in ((small, "small"), (big, "big")):
+            for stat in ("p50", "p99"):
+                row = results.row(
+                    f"dead letters: first page {stat}",
+                    f"{name} · {n:,} letters",
+                    "ms",
+                    higher_is_better=False,
+                    baseline=None if label == "small" else f"{name} · {small:,} letters",
+                )
+                row.values.extend(sizes[label][stat])
+                if stat == "p50" and label == "big" and sizes[label].get("plan"):
+                    row.note = sizes[label]["plan"]
+    for n, label in ((small, "small"), (big, "big")):
+        cli = out["cli"][label]
+        results.row(
+            "dead letters: CLI process",
+            f"jobfence dead-letters list · {n:,} letters",
+            "ms",
+            higher_is_better=False,
+            baseline=None
+            if label == "small"
+            else f"jobfence dead-letters list · {small:,} letters",
+        ).values.append(cli)
+    worst = max(
+        out["queries"].items(),
+        key=lambda kv: (
+            statistics.median(kv[1]["big"]["p50"]) / statistics.median(kv[1]["small"]["p50"])
+        ),
+    )
+    step(
+        f"letters: {small:,} vs {big:,} seeded in {out['seed_s']['big']:.0f}s; "
+        f"worst p50 ratio {worst[0]}; {time.perf_counter() - started:.0f}s in all"
+    )
+
+
+def fences_workload(args: argparse.Namespace, results: Any, step: Callable[[str], None]) -> None:
+    """Fences at 10 000 000 (× scale) vs an empty table: insert latency, drain, cleanup."""
+    big = max(100_000, int(10_000_000 * args.scale))
+    started = time.perf_counter()
+    out = _child(
+        "fences", "--big", str(big), "--rounds", str(args.repeat),
+        "--drain", str(max(2000, int(20_000 * args.scale))),
+    )  # fmt: skip
+    empty, full = "empty table", f"{big:,} rows"
+    for key, title in (("p50", "fence insert p50"), ("p99", "fence insert p99")):
+        for label in (empty, full):
+            results.row(
+                title,
+                label,
+                "ms",
+                higher_is_better=False,
+                baseline=None if label == empty else empty,
+            ).values.extend(out["insert"][label][key])
+    for label in (empty, full):
+        row = results.row(
+            "fence table: durable drain",
+            label,
+            "jobs/s",
+            baseline=None if label == empty else empty,
+        )
+        row.values.extend(out["drain"][label])
+        row.note = f"{out['drain_jobs']:,} jobs"
+    small_label = f"{out['cleanup']['small']['rows']:,} of {out['small_rows']:,} expired"
+    for size in ("small", "big"):
+        c = out["cleanup"][size]
+        label = small_label if size == "small" else f"{c['rows']:,} of {big:,} expired"
+        row = results.row(
+            "fence cleanup", label, "rows/s", baseline=None if size == "small" else small_label
+        )
+        row.values.append(c["rows_per_s"])
+        row.note = f"{c['seconds']:.1f} s, {c['batches']} batches, longest {c['longest_ms']:.0f} ms"
+    step(
+        f"fences: {big:,} rows seeded in {out['seed_s']:.0f}s; cleanup "
+        f"{out['cleanup']['big']['rows_per_s']:,.0f} vs "
+        f"{out['cleanup']['small']['rows_per_s']:,.0f} rows/s; "
+        f"{time.perf_counter() - started:.0f}s in all"
+    )
+
+
+def growth_targets(results: Any, verdict: Callable[[bool], str]) -> list[tuple[str, str, str]]:
+    """The targets of the table workloads: (target, measured, verdict)."""
+    out: list[tuple[str, str, str]] = []
+
+    def ratio(workload: str, big_prefix: str) -> tuple[float, str] | None:
+        for (w, label), r in results.rows.items():
+            if w == workload and label.startswith(big_prefix) and r.baseline:
+                base = results.get(w, r.baseline)
+                if base is not None and base.values and r.values:
+                    return r.median / base.median, label
+        return None
+
+    for name, stat, limit, unit in LETTER_TARGETS:
+        got = ratio(f"dead letters: first page {stat}", f"{name} · ")
+        if got is None:
+            continue
+        big = results.get(f"dead letters: first page {stat}", got[1])
+        n = got[1].split(" · ")[1]
+        if unit == "×":
+            target = f"letters: {name}, {stat} at {n} ≤ {limit:g}× 1 000 letters"
+            out.append((target, f"{got[0]:.2f}×", verdict(got[0] <= limit)))
+        elif unit == "ms":
+            target = f"letters: {name}, {stat} at {n} ≤ {limit:g} ms"
+            out.append((target, f"{big.median:.1f} ms", verdict(big.median <= limit)))
+        else:
+            out.append((f"letters: {name}, {stat} at {n} ÷ 1 000 letters", f"{got[0]:.2f}×", unit))
+    for workload, big_label, limit, higher in (
+        ("fence insert p50", "rows", 1.2, False),
+        ("fence insert p99", "rows", 1.5, False),
+        ("fence table: durable drain", "rows", 0.8, True),
+        ("fence cleanup", "", 0.8, True),
+    ):
+        rows = [r for (w, _), r in results.rows.items() if w == workload and r.baseline]
+        if rows and big_label in rows[0].label:
+            base = results.get(workload, rows[0].baseline)
+            if base and base.values and rows[0].values:
+                x = rows[0].median / base.median
+                sign = "≥" if higher else "≤"
+                ok = x >= limit if higher else x <= limit
+                target = f"{workload}: {rows[0].label} {sign} {limit:g}× the small case"
+                out.append((target, f"{x:.2f}×", verdict(ok)))
+    return out
+
+
+#: (listing, statistic, limit, unit): "×" the 1 000-letter case in the same run, "ms" at 1M,
+#: anything else a ratio shown for information with that word (docs/benchmarks.md, Method)
+LETTER_TARGETS: list[tuple[str, str, float, str]] = [
+    ("list pending (CLI default)", "p99", 2.0, "×"),
+    ("API: no filter", "p99", 2.0, "×"),
+    *[
+        (name, "p50", 1.5, "×")
+        for name in (
+            "list pending (CLI default)",
+            "list, any status",
+            "queue, common",
+            "category",
+            "job_id",
+            "error text, common",
+            "queue + pending",
+            "failed in one day a week ago",
+            "API: no filter",
+            "API: queue + pending",
+        )
+    ],
+    ("queue, rare", "p50", 10.0, "ms"),
+    ("error text, rare", "p50", 250.0, "ms"),
+    ("failed in one day 60 days ago", "p50", 0.0, "info: reads every newer letter"),
+]
+
+
+# -- the child (the project's interpreter, jobfence importable) -------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    """The nearest-rank percentile (p99 of 100 calls: the second slowest, not the slowest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
+
+
+async def timed_calls(call: Callable[[], Awaitable[Any]], calls: int, budget: float) -> list[float]:
+    """Up to ``calls`` timings (ms) of ``call``, stopping after ``budget`` seconds."""
+    await call()  # warm: plans, caches
+    times: list[float] = []
+    deadline = time.perf_counter() + budget
+    while len(times) < calls and time.perf_counter() < deadline:
+        started = time.perf_counter()
+        await call()
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def letter_queries(now: datetime) -> dict[str, tuple[dict[str, Any], str]]:
+    """Each search: (Filter keyword arguments, the same criterion in SQL for the check)."""
+    week, day = now - timedelta(days=8), timedelta(days=1)
+    old = now - timedelta(days=61)
+    return {
+        "list, any status": ({}, "true"),
+        "queue, common": ({"queue": COMMON_QUEUE}, f"queue = '{COMMON_QUEUE}'"),
+        "queue, rare": ({"queue": RARE_QUEUE}, f"queue = '{RARE_QUEUE}'"),
+        "category": ({"category": "VALIDATION_ERROR"}, "error_category = 'VALIDATION_ERROR'"),
+        "job_id": ({"job_id": "job-500"}, "job_id = 'job-500'"),
+        "error text, common": ({"error": COMMON_ERROR}, f"last_error ILIKE '%{COMMON_ERROR}%'"),
+        "error text, rare": ({"error": RARE_ERROR}, f"last_error ILIKE '%{RARE_ERROR}%'"),
+        "failed in one day a week ago": (
+            {"since": week, "until": week + day},
+            f"failed_at >= '{week.isoformat()}' AND failed_at < '{(week + day).isoformat()}'",
+        ),
+        "failed in one day 60 days ago": (
+            {"since": old, "until": old + day},
+            f"failed_at >= '{old.isoformat()}' AND failed_at < '{(old + day).isoformat()}'",
+        ),
+        "queue + pending": (
+            {"queue": COMMON_QUEUE, "status": "pending_review"},
+            f"queue = '{COMMON_QUEUE}' AND status = 'pending_review'",
+        ),
+    }
+
+
+def plan_summary(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> str:
+    """The plan's nodes (scan kinds, sorts) and the rows its scans read, from EXPLAIN ANALYZE."""
+    row = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    nodes: list[str] = []
+    read = 0
+
+    def walk(node: dict[str, Any]) -> None:
+        nonlocal read
+        kind = node["Node Type"]
+        if "Index Name" in node:
+            kind += f" {node['Index Name']}"
+        if kind != "Limit":
+            nodes.append(kind)
+        if "Scan" in node["Node Type"]:
+            read += int(node.get("Actual Rows", 0)) + int(node.get("Rows Removed by Filter", 0))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(row[0][0]["Plan"])
+    return f"{' > '.join(nodes)}, {read:,} rows read"
+
+
+async def letters_child(a: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+    import uvicorn
+
+    from jobfence import App
+    from jobfence import deadletters as dl
+    from jobfence.http import tcp_listen_socket
+    from jobfence.ops.app import create_app
+    from jobfence.ops.auth import create_token
+
+    seed_s: dict[str, float] = {}
+    apps: dict[str, App] = {}
+    for label, url, n in (("small", a.small_url, a.small), ("big", a.big_url, a.big)):
+        app = App(url, auto_migrate=True)
+        await app.open()
+        apps[label] = app
+        seed_s[label] = seeded(url, lambda conn, n=n: seed_letters(conn, n))  # type: ignore[misc]
+    now = datetime.now(UTC)
+    queries = letter_queries(now)
+    actor = dl.Actor("bench")
+    calls: dict[str, Callable[[App], Callable[[], Awaitable[Any]]]] = {
+        "list pending (CLI default)": lambda app: (
+            lambda: dl.letters(app.db, status="pending_review")
+        ),
+    }
+    for name, (kw, _) in queries.items():
+        calls[name] = lambda app, kw=kw: lambda: dl.search(app.db, dl.Filter(**kw), actor=actor)  # type: ignore[misc]
+
+    # the first page of each, against an independent query: ids, order, count
+    check = {
+        **{k: v[1] for k, v in queries.items()},
+        "list pending (CLI default)": "status = 'pending_review'",
+    }
+    urls = {"small": a.small_url, "big": a.big_url}
+    for label, app in apps.items():
+        with psycopg.connect(urls[label]) as conn:
+            for name, where in check.items():
+                got = await calls[name](app)()
+                ids = [x.id for x in (got if isinstance(got, list) else got.items)]
+                sql = f"SELECT id FROM core.dead_letters WHERE {where} ORDER BY id DESC LIMIT 50"
+                want = [r[0] for r in conn.execute(sql)]  # type: ignore[call-overload]
+                if ids != want:
+                    raise SystemExit(f"{label} {name}: first page {ids[:5]}… ≠ {want[:5]}…")
+
+    # the ops API, served by uvicorn on a loopback socket, one viewer token per database
+    servers: dict[str, tuple[uvicorn.Server, asyncio.Task[None], str, str]] = {}
+    for label, app in apps.items():
+        token = await create_token(app.db, name=f"bench-{uuid.uuid4().hex[:6]}", role="viewer")
+        sock = tcp_listen_socket()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(jobfence_app=app, console=False), log_level="warning", lifespan="on"
+            )
+        )
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        servers[label] = (server, task, f"http://127.0.0.1:{sock.getsockname()[1]}", token)
+    api = {
+        "API: no filter": {},
+        "API: queue + pending": {"queue": COMMON_QUEUE, "status": "pending_review"},
+        "API: error text, rare": {"error": RARE_ERROR},
+    }
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    async with httpx.AsyncClient() as client:
+
+        def get(label: str, params: dict[str, str]) -> Callable[[], Awaitable[Any]]:
+            _, _, base, token = servers[label]
+
+            async def call() -> None:
+                r = await client.get(f"{base}/v1/dead-letters", params=params,
+                                     headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+                r.raise_for_status()
+                assert len(r.json()["items"]) <= 50
+
+            return call
+
+        for label in apps:
+            items = (
+                await client.get(
+                    f"{servers[label][2]}/v1/dead-letters",
+                    headers={"Authorization": f"Bearer {servers[label][3]}"},
+                )
+            ).json()["items"]
+            page = await dl.search(apps[label].db, dl.Filter(), actor=actor)
+            if [x["id"] for x in items] != [x.id for x in page.items]:
+                raise SystemExit(f"{label}: the API's first page differs from search()")
+        for _ in range(a.rounds):  # interleaved: small, big, small, big …
+            for name in [*calls, *api]:
+                for label, app in apps.items():
+                    call = calls[name](app) if name in calls else get(label, api[name])
+                    times = await timed_calls(call, a.calls, a.budget)
+                    data = out.setdefault(name, {}).setdefault(
+                        label, {"p50": [], "p99": [], "calls": 0}
+                    )
+                    data["p50"].append(pct(times, 0.5))
+                    data["p99"].append(pct(times, 0.99))
+                    data["calls"] += len(times)
+    for server, task, _, _ in servers.values():
+        server.should_exit = True
+        await task
+    # the big database's plans (custom plans: the parameters as given)
+    sql = apps["big"].db.sql["dl_search"]  # type: ignore[attr-defined]
+    with psycopg.connect(a.big_url) as conn:
+        for name, (kw, _) in {
+            "list pending (CLI default)": ({"status": "pending_review"}, ""),
+            **queries,
+        }.items():
+            flt = dl.Filter(**kw).check()
+            params = {**flt.params(apps["big"].db, None), "before": None, "limit": 50}
+            out[name]["big"]["plan"] = plan_summary(conn, sql, params)
+    cli: dict[str, float] = {}
+    for label, url in (("small", a.small_url), ("big", a.big_url)):
+        exe = str(Path(sys.executable).with_name("jobfence"))
+        started = time.perf_counter()
+        await asyncio.to_thread(
+            subprocess.run,
+            [exe, "dead-letters", "list", "--database-url", url, "--json"],
+            check=True,
+            capture_output=True,
+        )
+        cli[label] = (time.perf_counter() - started) * 1000
+    for app in apps.values():
+        await app.close()
+    return {"seed_s": seed_s, "queries": out, "cli": cli}
+
+
+async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
+    from deadletters import Phase, fencer
+    from jobfence import App, Job, Observer, Tx
+    from jobfence.cleanup import cleanup_fences
+    from jobfence.maintenance import Maintenance
+
+    class Count(Observer):
+        def __init__(self) -> None:
+            self.n = 0
+
+        def job_processed(self, job: Job[Any], duration: float) -> None:
+            self.n += 1
+
+    labels = {"small": "empty table", "big": f"{a.big:,} rows"}
+    apps: dict[str, tuple[App, Count]] = {}
+    for size, url in (("small", a.small_url), ("big", a.big_url)):
+        counter = Count()
+        app = App(url, auto_migrate=True, observers=[counter],
+                  maintenance=Maintenance(cleanup=False, alerts=False))  # fmt: skip
+
+        @app.consumer("work")
+        async def handle(job: Job[Any], tx: Tx) -> None:
+            await tx.execute("INSERT INTO effects (job_id) VALUES (%s)", (job.job_id,))
+
+        await app.open()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE effects (job_id text NOT NULL)")
+        apps[size] = (app, counter)
+    expired = a.big * 9 // 10
+    seed_s = seeded(a.big_url, lambda conn: seed_fences(conn, a.big, expired=expired))
+    insert: dict[str, dict[str, list[float]]] = {v: {"p50": [], "p99": []} for v in labels.values()}
+    drain: dict[str, list[float]] = {v: [] for v in labels.values()}
+    for r in range(a.rounds):
+        for size, (app, _) in apps.items():
+            phase, stop = Phase(), asyncio.Event()
+            writers = [asyncio.create_task(fencer(app, phase, stop, f"r{r}-{k}")) for k in range(4)]
+            await asyncio.sleep(a.seconds)
+            stop.set()
+            await asyncio.gather(*writers)
+            insert[labels[size]]["p50"].append(phase.pct(0.5))
+            insert[labels[size]]["p99"].append(phase.pct(0.99))
+        for size, (app, counter) in apps.items():
+            await app.enqueue_many(
+                [app.job("work", {}, job_id=str(uuid.uuid4())) for _ in range(a.drain)]
+            )
+            worker = app.worker()
+            start_n, started = counter.n, time.perf_counter()
+            running = asyncio.create_task(worker.run())
+            while counter.n - start_n < a.drain:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            drain[labels[size]].append(a.drain / (time.perf_counter() - started))
+            worker.request_stop()
+            await running
+    # cleanup: the expired 90 % of a small table, then of the big one
+    small_rows = min(100_000, a.big // 5)
+    seeded(
+        a.small_url,
+        lambda conn: seed_fences(conn, small_rows, expired=small_rows * 9 // 10, tag="s"),
+    )
+    cleanup: dict[str, dict[str, Any]] = {}
+    for size, (app, _) in apps.items():
+        res = await cleanup_fences(app.db, min_age=timedelta(minutes=18, seconds=30))
+        cleanup[size] = {
+            "rows": res.deleted,
+            "batches": res.batches,
+            "seconds": res.seconds,
+            "rows_per_s": res.deleted / res.seconds if res.seconds else 0.0,
+            "longest_ms": res.longest_batch * 1000,
+        }
+        want = small_rows * 9 // 10 if size == "small" else expired
+        if res.deleted != want:
+            raise SystemExit(f"cleanup of the {size} table deleted {res.deleted}, expected {want}")
+    for app, _ in apps.values():
+        await app.close()
+    return {"seed_s": seed_s, "insert": insert, "drain": drain, "drain_jobs": a.drain,
+            "cleanup": cleanup, "small_rows": small_rows}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("kind", choices=["letters", "fences"])
+    parser.add_argument("small_url")
+    parser.add_argument("big_url")
+    parser.add_argument("--small", type=int, default=1000)
+    parser.add_argument("--big", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=100, help="letters: timings per round")
+    parser.add_argument("--budget", type=float, default=3.0, help="letters: seconds per round")
+    parser.add_argument("--seconds", type=float, default=3.0, help="fences: insert phase")
+    parser.add_argument("--drain", type=int, default=20_000, help="fences: jobs per drain")
+    a = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    out = asyncio.run(letters_child(a) if a.kind == "letters" else fences_child(a))
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
