@@ -371,8 +371,13 @@ WORKLOADS = {
     "outbox": "outbox relay throughput",
     "http": "HTTP ingestion with idempotency keys (purchase-order POST)",
     "transports": "jobfence's durable workload on each transport",
-    "memory": "jobfence worker RSS over one 50 000-job durable run (--memory-jobs)",
+    "memory": "jobfence worker RSS over one 1 000 000-job durable run (--memory-jobs): flat?",
     "profile": "py-spy profile of jobfence's worker on the durable workload (after the table)",
+    # -- issue 16 §3, growth (bench/growth.py)
+    "backlog": "drain rate with 1 000 000 jobs waiting vs 20 000 (--backlog-jobs, -window)",
+    "queues": "one worker on 100 queues vs 1 queue, the same 20 000 jobs",
+    "processes": "1, 2 and 4 worker processes on one queue: rate, CPU, where it saturates",
+    # -- end of growth
 }
 
 
@@ -389,6 +394,11 @@ ROW_PREFIXES = {
     "http": ("HTTP",),
     "transports": ("transports",),
     "memory": ("worker memory",),
+    # -- issue 16 §3, growth (bench/growth.py)
+    "backlog": ("backlog",),
+    "queues": ("queues",),
+    "processes": ("processes",),
+    # -- end of growth
 }
 
 
@@ -565,19 +575,20 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
                 )
             )
     if "memory" in only:
-        n = max(200, int(args.memory_jobs * scale))
-        d = throughput(JOBFENCE, "durable", n)
-        results.add_drain("worker memory", JOBFENCE.label, d)
-        results.get("worker memory", JOBFENCE.label).note = f"{n:,} jobs, one run"  # type: ignore[union-attr]
-        step(
-            f"memory: {n:,} jobs, RSS {d.rss_start_mb:.0f}→{d.rss_max_mb:.0f} MB, "
-            f"{d.jobs_per_s:,.0f} jobs/s"
-        )
+        from growth import memory
+
+        memory(args, results, step)
     if "profile" in only:
         from profile import profile_jobfence
 
         results.profile = profile_jobfence(n_tp, seconds=max(5.0, 15.0 * min(1.0, scale * 4)))
         step("profile written to bench/results/profile-*.txt")
+    # -- issue 16 §3, growth (bench/growth.py)
+    if only & {"backlog", "queues", "processes"}:
+        from growth import run_growth
+
+        run_growth(args, only, results, step)
+    # -- end of growth
     if "transports" in only:
         from transports_bench import transports
 
@@ -636,7 +647,7 @@ BASELINES = {
 def _fmt(value: float, unit: str) -> str:
     if value != value:  # nan
         return "—"
-    if unit == "ms/req":
+    if unit in ("ms/req", "cores"):
         return f"{value:,.2f}"
     if unit in ("ms", "%"):
         return f"{value:+,.1f}" if unit == "%" else f"{value:,.1f}"
@@ -758,6 +769,11 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
                 ("worker RSS < 150 MB over the run", f"max {top:.0f} MB", verdict(top < 150))
             )
     out += defaults_targets(results, verdict)
+    # -- issue 16 §3, growth (bench/growth.py)
+    from growth import growth_targets
+
+    out += growth_targets(results, verdict)
+    # -- end of growth
     noop = results.get("noop", JOBFENCE.label)
     best_pgq = results.best("noop", "PGQueuer")
     if noop and best_pgq:
@@ -890,7 +906,7 @@ def main(parser: argparse.ArgumentParser) -> None:
         help="seconds of steady 1 000 jobs/s in the latency workload",
     )
     parser.add_argument(
-        "--memory-jobs", type=int, default=50_000, help="jobs in the worker-memory run"
+        "--memory-jobs", type=int, default=1_000_000, help="jobs in the worker-memory run"
     )
     parser.add_argument(
         "--transport-jobs",
@@ -904,6 +920,11 @@ def main(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: --scale 0.05 --repeat 1")
     parser.add_argument("--no-peers", action="store_true", help="jobfence and pgbench only")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    # -- issue 16 §3, growth (bench/growth.py)
+    from growth import add_options
+
+    add_options(parser)
+    # -- end of growth
     parser.add_argument(
         "--resume",
         metavar="RESULTS.json",
