@@ -220,10 +220,15 @@ def run_drain(
             hold(url, queues, paused=False)
             result = drain(worker, url, target, progress, timeout=max(120.0, target / 100))
             if window and window < n:
-                worker.stop()  # gives back what it claimed and did not start
+                # pause, let the worker finish what it claimed, then stop it idle (a stop
+                # that lands on a claim in flight can leave it running until its lease ends)
+                hold(url, queues, paused=True)
+                running = "SELECT count(*) FROM core.jobs WHERE state = 'running'"
+                wait_for(lambda: scalar(url, running) == 0, 60, "the claimed jobs done")
             else:
                 wait_for(lambda: scalar(url, "SELECT count(*) FROM core.jobs") == 0, 30, "empty")
-                worker.stop()
+            worker.stop()
+            hold(url, queues, paused=False)  # (for the EXPLAIN after)
             facts["done"] = verify(url, n, complete=not window or window >= n)
             facts["claims"] = claim_times(log)
             if explain:
