@@ -218,7 +218,9 @@ def run_drain(
         try:
             worker.wait_ready()
             hold(url, queues, paused=False)
+            c0, t0 = busy_cpu(), time.perf_counter()
             result = drain(worker, url, target, progress, timeout=max(120.0, target / 100))
+            facts["machine"] = (busy_cpu() - c0) / (time.perf_counter() - t0)
             if window and window < n:
                 # pause, let the worker finish what it claimed, then stop it idle (a stop
                 # that lands on a claim in flight can leave it running until its lease ends)
@@ -239,6 +241,12 @@ def run_drain(
             worker.stop()
             close_progress(progress)
             log.unlink(missing_ok=True)
+
+
+def busy_cpu() -> float:
+    """CPU seconds the whole machine has spent busy (every process: ours and the others')."""
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0))
 
 
 def cores(d: Drain) -> float:
@@ -326,24 +334,28 @@ def many_queues(args: argparse.Namespace, results: Results, step: Step) -> None:
 
 
 def processes(args: argparse.Namespace, results: Results, step: Step) -> None:
-    """1, 2 and 4 worker processes (defaults each) on the same queue and jobs; CPU of the
-    workers and of the server, and the cores they keep busy together."""
-    n = max(1000, int(SMALL * args.scale))
+    """1, 2 and 4 worker processes (defaults each) on the same queue and jobs (--jobs); CPU
+    of the workers and of the server, the cores they keep busy together, and the cores the
+    whole machine was busy (the other processes on a shared machine take their share)."""
+    n = max(1000, int(args.jobs * args.scale))
     base = f"1 process (defaults) · {n:,} jobs"
     for i in range(args.repeat):
         for k in PROCESSES:
             label = base if k == 1 else f"{k} processes (defaults each) · {n:,} jobs"
             kw = {} if k == 1 else {"baseline": base}
             t0 = time.monotonic()
-            d, _ = run_drain(n, processes=k)
+            d, facts = run_drain(n, processes=k)
             results.add_drain("processes: drain rate", label, d, **kw)
             results.row("processes: cores busy (workers + server)", label, "cores").values.append(
                 cores(d)
             )
+            results.row("processes: cores busy (whole machine)", label, "cores").values.append(
+                facts["machine"]
+            )
             step(
                 f"processes {i + 1}/{args.repeat} {k}: {d.jobs_per_s:,.0f} jobs/s, CPU s/1k "
                 f"worker {d.cpu_per_1k:.2f} server {d.server_cpu_per_1k:.2f}, {cores(d):.2f} "
-                f"cores busy ({time.monotonic() - t0:.0f} s)"
+                f"cores busy (machine {facts['machine']:.2f}) ({time.monotonic() - t0:.0f} s)"
             )
 
 
