@@ -311,8 +311,9 @@ def backlog(args: argparse.Namespace, results: Results, step: Step) -> None:
 
 
 def many_queues(args: argparse.Namespace, results: Results, step: Step) -> None:
-    """One worker (defaults) on 100 queues against one queue, the same jobs in all."""
-    n = max(1000, int(SMALL * args.scale))
+    """One worker (defaults) on 100 queues against one queue, the same jobs in all
+    (--queues-jobs)."""
+    n = max(1000, int(args.queues_jobs * args.scale))
     base = f"defaults, 1 queue · {n:,} jobs"
     for i in range(args.repeat):
         for queues in (1, QUEUES):
@@ -505,6 +506,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=50_000,
         help="jobs drained and timed from the deep backlog (0: all of it)",
+    )
+    parser.add_argument(
+        "--queues-jobs",
+        type=int,
+        default=SMALL,
+        help="jobs of the queues workload (from 100 × 550 up, every claim over 100 queues "
+        "locks 55 000 rows)",
     )
 
 
