@@ -270,7 +270,8 @@ def backlog(args: argparse.Namespace, results: Results, step: Step) -> None:
         f"first {window:,} drained)" if window else "all drained)"
     )
     for i in range(args.repeat):
-        for size, text, win in ((small, base, 0), (big, label, window)):
+        pair = [(small, base, 0), (big, label, window)]
+        for size, text, win in pair if i % 2 == 0 else pair[::-1]:  # (alternating: drift)
             t0 = time.monotonic()
             d, facts = run_drain(size, window=win, explain=True)
             kw = {} if size == small else {"baseline": base}
@@ -316,7 +317,7 @@ def many_queues(args: argparse.Namespace, results: Results, step: Step) -> None:
     n = max(1000, int(args.queues_jobs * args.scale))
     base = f"defaults, 1 queue · {n:,} jobs"
     for i in range(args.repeat):
-        for queues in (1, QUEUES):
+        for queues in (1, QUEUES) if i % 2 == 0 else (QUEUES, 1):  # (alternating: drift)
             label = base if queues == 1 else f"defaults, {queues} queues · {n:,} jobs"
             kw = {} if queues == 1 else {"baseline": base}
             t0 = time.monotonic()
