@@ -223,13 +223,16 @@ def drain(
     timeout: float,
     poll: float = 0.02,
 ) -> Drain:
-    """Watch ``worker`` work off ``total`` jobs: ``progress()`` says how many are done."""
+    """Watch ``worker`` work off ``total`` jobs: ``progress()`` says how many are done.
+    ``extra["samples"]``: (seconds since the first progress, jobs done, worker RSS MB) every
+    0.25 s, for the shape of the run (bench/growth.py: RSS flatness, rate over a long run)."""
     server = ServerCPU(url)
     try:
         deadline = time.monotonic() + timeout
         rss_max = 0.0
         first: tuple[float, int, float] | None = None
         next_sample = 0.0
+        samples: list[tuple[float, int, float]] = []
         while True:
             worker.check_alive()
             done = progress()
@@ -239,10 +242,13 @@ def drain(
                 first = (now, done, tree_cpu(worker.ps))
                 rss_start = tree_rss(worker.ps)
                 rss_max = max(rss_max, rss_start)
+                samples.append((0.0, done, rss_start))
                 next_sample = now + 0.25
             if first is not None and (done >= total or now >= next_sample):
                 server.sample()
-                rss_max = max(rss_max, tree_rss(worker.ps))
+                rss = tree_rss(worker.ps)
+                rss_max = max(rss_max, rss)
+                samples.append((now - first[0], done, rss))
                 next_sample = now + 0.25
             if done >= total:
                 cpu = tree_cpu(worker.ps)
@@ -261,6 +267,7 @@ def drain(
             rss_start_mb=rss_start,
             rss_max_mb=rss_max,
             seconds=elapsed,
+            extra={"samples": samples},
         )
     finally:
         server.close()

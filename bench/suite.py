@@ -409,11 +409,16 @@ WORKLOADS = {
     "outbox": "outbox relay throughput",
     "http": "HTTP ingestion with idempotency keys (purchase-order POST)",
     "transports": "jobfence's durable workload on each transport",
-    "memory": "jobfence worker RSS over one 50 000-job durable run (--memory-jobs)",
+    "memory": "jobfence worker RSS over one 1 000 000-job durable run (--memory-jobs): flat?",
     "profile": "py-spy profile of the worker at its defaults, durable (after the table)",
     # tables that grew (issue 16 §3, bench/growth_tables.py)
     "letters": "dead letters at 1 000 000 vs 1 000: list, search and the ops API, p50/p99",
     "fences": "fences at 10 000 000 vs empty: insert latency, drain, cleanup rows/s",
+    # -- issue 16 §3, growth (bench/growth.py)
+    "backlog": "drain rate with 1 000 000 jobs waiting vs 20 000 (--backlog-jobs, -window)",
+    "queues": "one worker on 100 queues vs 1 queue, the same 20 000 jobs",
+    "processes": "1, 2 and 4 worker processes on one queue: rate, CPU, where it saturates",
+    # -- end of growth
 }
 
 
@@ -433,6 +438,11 @@ ROW_PREFIXES = {
     # tables that grew (issue 16 §3)
     "letters": ("dead letters:",),
     "fences": ("fence insert", "fence table", "fence cleanup"),
+    # -- issue 16 §3, growth (bench/growth.py)
+    "backlog": ("backlog",),
+    "queues": ("queues",),
+    "processes": ("processes",),
+    # -- end of growth
 }
 
 
@@ -609,14 +619,9 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
                 )
             )
     if "memory" in only:
-        n = max(200, int(args.memory_jobs * scale))
-        d = throughput(JOBFENCE, "durable", n)
-        results.add_drain("worker memory", JOBFENCE.label, d)
-        results.get("worker memory", JOBFENCE.label).note = f"{n:,} jobs, one run"  # type: ignore[union-attr]
-        step(
-            f"memory: {n:,} jobs, RSS {d.rss_start_mb:.0f}→{d.rss_max_mb:.0f} MB, "
-            f"{d.jobs_per_s:,.0f} jobs/s"
-        )
+        from growth import memory
+
+        memory(args, results, step)
     if "profile" in only:
         from profile import profile_jobfence
 
@@ -631,6 +636,12 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
         from growth_tables import fences_workload
 
         fences_workload(args, results, step)
+    # -- issue 16 §3, growth (bench/growth.py)
+    if only & {"backlog", "queues", "processes"}:
+        from growth import run_growth
+
+        run_growth(args, only, results, step)
+    # -- end of growth
     if "transports" in only:
         from transports_bench import transports
 
@@ -756,7 +767,7 @@ BASELINES = {
 def _fmt(value: float, unit: str) -> str:
     if value != value:  # nan
         return "—"
-    if unit == "ms/req":
+    if unit in ("ms/req", "cores"):
         return f"{value:,.2f}"
     if unit in ("ms", "%", "µs"):
         return f"{value:+,.1f}" if unit == "%" else f"{value:,.1f}"
@@ -878,9 +889,11 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
                 ("worker RSS < 150 MB over the run", f"max {top:.0f} MB", verdict(top < 150))
             )
     out += defaults_targets(results, verdict)
-    from growth_tables import growth_targets  # tables that grew (issue 16 §3)
+    from growth import growth_targets as worker_growth_targets  # issue 16 §3
+    from growth_tables import growth_targets as table_growth_targets
 
-    out += growth_targets(results, verdict)
+    out += worker_growth_targets(results, verdict)
+    out += table_growth_targets(results, verdict)
     noop = results.get("noop", JOBFENCE.label)
     best_pgq = results.best("noop", "PGQueuer")
     if noop and best_pgq:
@@ -1025,7 +1038,7 @@ def main(parser: argparse.ArgumentParser) -> None:
         help="seconds of steady 1 000 jobs/s in the latency workload",
     )
     parser.add_argument(
-        "--memory-jobs", type=int, default=50_000, help="jobs in the worker-memory run"
+        "--memory-jobs", type=int, default=1_000_000, help="jobs in the worker-memory run"
     )
     parser.add_argument(
         "--transport-jobs",
@@ -1039,6 +1052,11 @@ def main(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: --scale 0.05 --repeat 1")
     parser.add_argument("--no-peers", action="store_true", help="jobfence and pgbench only")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    # -- issue 16 §3, growth (bench/growth.py)
+    from growth import add_options
+
+    add_options(parser)
+    # -- end of growth
     parser.add_argument(
         "--resume",
         metavar="RESULTS.json",

@@ -1,10 +1,15 @@
 """jobfence as a system under benchmark (runs in the project's virtualenv).
 
     python bench/systems/jobfence_sys.py setup    URL
-    python bench/systems/jobfence_sys.py enqueue  URL N [--dup 0.5]
+    python bench/systems/jobfence_sys.py enqueue  URL N [--dup 0.5] [--queues Q]
     python bench/systems/jobfence_sys.py worker   URL --mode durable|noop [--concurrency N]
                                                   [--batch-size N] [--no-fence] [--transport URL]
+                                                  [--queues Q] [--processes P] [--claim-log F]
     python bench/systems/jobfence_sys.py produce  URL --rate 1000 --seconds 10
+
+``--queues Q`` spreads the jobs over Q queues (round robin) and gives the worker a consumer
+on each; ``--processes P`` starts P worker processes (children of this one, which only waits);
+``--claim-log F`` writes the time of each of the worker's claims to F at exit (bench/growth.py).
 
 The durable effect is one INSERT into ``bench_effects`` inside the handler's transaction, so
 it commits with the fence and the ack. ``bench/run.py`` drives these commands; they print
@@ -17,8 +22,10 @@ import argparse
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -38,21 +45,22 @@ def say(**data: Any) -> None:
     print(json.dumps(data), flush=True)
 
 
-def make_app(url: str, mode: str = "durable", transport: str | None = None) -> App:
+def queue_names(queues: int) -> list[str]:
+    """The queues of a run: ``bench`` alone, or ``bench-000`` … for several."""
+    return [QUEUE] if queues <= 1 else [f"{QUEUE}-{i:03d}" for i in range(queues)]
+
+
+def make_app(url: str, mode: str = "durable", transport: str | None = None, queues: int = 1) -> App:
     app = App(url, auto_migrate=True, transport=transport)
 
-    if mode == "durable":
+    async def effect(job: Job[Any], tx: Tx) -> None:
+        await tx.execute(EFFECT, (job.job_id, job.payload.get("t")))
 
-        @app.consumer(QUEUE)
-        async def effect(job: Job[Any], tx: Tx) -> None:
-            await tx.execute(EFFECT, (job.job_id, job.payload.get("t")))
+    async def noop(job: Job[Any], tx: Tx) -> None:
+        return None
 
-    else:
-
-        @app.consumer(QUEUE)
-        async def noop(job: Job[Any], tx: Tx) -> None:
-            return None
-
+    for name in queue_names(queues):
+        app.consumer(name)(effect if mode == "durable" else noop)
     return app
 
 
@@ -69,14 +77,16 @@ async def setup(url: str) -> None:
     say(ok=True)
 
 
-async def enqueue(url: str, n: int, dup: float, transport: str | None) -> None:
-    app = make_app(url, transport=transport)
+async def enqueue(url: str, n: int, dup: float, transport: str | None, queues: int = 1) -> None:
+    app = make_app(url, transport=transport, queues=queues)
+    names = queue_names(queues)
     async with app:
         t0 = time.perf_counter()
         ids = job_ids(n, dup)
         for start in range(0, n, 5000):
             batch = [
-                app.job(QUEUE, {"n": i}, job_id=ids[i]) for i in range(start, min(n, start + 5000))
+                app.job(names[i % len(names)], {"n": i}, job_id=ids[i])
+                for i in range(start, min(n, start + 5000))
             ]
             await app.enqueue_many(batch)
         say(seconds=time.perf_counter() - t0)
@@ -89,10 +99,12 @@ async def worker(
     batch: int | None,
     fence: bool,
     transport: str | None,
+    queues: int = 1,
+    claim_log: str | None = None,
 ) -> None:
     """A worker with the library's defaults except what is given (None: the default, as a
     user who passes no flag gets it)."""
-    app = make_app(url, mode, transport)
+    app = make_app(url, mode, transport, queues)
     app._fence_enabled = fence
     settings: dict[str, Any] = {}
     if concurrency is not None:
@@ -104,10 +116,50 @@ async def worker(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, w.request_stop)
     await app.open(pool_size=w.concurrency + 4)
+    claims = time_claims(app) if claim_log else []
     say(ready=True)
     stats = await w.run()
     await app.close()
+    if claim_log:
+        await asyncio.to_thread(Path(claim_log).write_text, json.dumps(claims))
     say(handled=stats.handled, outcomes={k.value: v for k, v in stats.outcomes.items() if v})
+
+
+def time_claims(app: App) -> list[tuple[float, float, int]]:
+    """Time each claim the worker makes (the claim statement's round trip and its rows):
+    (wall-clock end, seconds, rows) per call, in the returned list (bench only)."""
+    transport: Any = app.transport
+    claim = transport._claim
+    out: list[tuple[float, float, int]] = []
+
+    async def timed(queues: Any, limit: int) -> Any:
+        t0 = time.perf_counter()
+        found = await claim(queues, limit)
+        out.append((time.time(), time.perf_counter() - t0, len(found)))
+        return found
+
+    transport._claim = timed
+    return out
+
+
+def processes(argv: list[str], count: int) -> None:
+    """``count`` worker processes (this command without ``--processes``); ready when all
+    are; waits for them all (SIGTERM reaches them through the process group)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the children stop, then this returns
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    children = [
+        subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE, text=True)
+        for _ in range(count)
+    ]
+    for child in children:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if '"ready"' in line:
+                break
+    say(ready=True, processes=count)
+    codes = [child.wait() for child in children]
+    say(exit_codes=codes)
+    sys.exit(max(codes, default=0))
 
 
 async def produce(url: str, rate: float, seconds: float, transport: str | None) -> None:
@@ -266,13 +318,29 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--batch", type=int, default=None, help="relay: default the library's")
+    parser.add_argument("--queues", type=int, default=1, help="spread over this many queues")
+    parser.add_argument("--processes", type=int, default=1, help="worker processes")
+    parser.add_argument("--claim-log", default=None, help="worker: claim times to this file")
     a = parser.parse_args()
+    if a.command == "worker" and a.processes > 1:
+        argv = sys.argv[1:]
+        i = argv.index("--processes")
+        processes(argv[:i] + argv[i + 2 :], a.processes)
     if a.command == "setup":
         coro: Any = setup(a.url)
     elif a.command == "enqueue":
-        coro = enqueue(a.url, a.n, a.dup, a.transport)
+        coro = enqueue(a.url, a.n, a.dup, a.transport, a.queues)
     elif a.command == "worker":
-        coro = worker(a.url, a.mode, a.concurrency, a.batch_size, not a.no_fence, a.transport)
+        coro = worker(
+            a.url,
+            a.mode,
+            a.concurrency,
+            a.batch_size,
+            not a.no_fence,
+            a.transport,
+            a.queues,
+            a.claim_log,
+        )
     elif a.command == "produce":
         coro = produce(a.url, a.rate, a.seconds, a.transport)
     elif a.command == "bulk":
