@@ -63,11 +63,13 @@ class Batches(Generic[I, R]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._pending.append((item, future))
+        if len(self._running) >= self.in_flight:  # (a task of a loop that has ended never ends)
+            self._running = {t for t in self._running if t.get_loop() is loop and not t.done()}
         if len(self._running) < self.in_flight:
             # a task of its own: a waiter that is cancelled does not cancel the others' batch
             task = loop.create_task(self._drain())
             self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            task.add_done_callback(lambda done: self._running.discard(done))
         return await future
 
     async def _drain(self) -> None:
