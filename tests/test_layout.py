@@ -32,6 +32,8 @@ POSTGRESQL_ONLY = {
     "outbox_wait_register": "relays waiting on writers (SQLite has one writer at a time)",
     "outbox_wait_writers": "relays waiting on writers",
     "outbox_wait_done": "relays waiting on writers",
+    "idempotency_claim_many": "claims of concurrent requests batched (jobfence.http.batch)",
+    "idempotency_complete_many": "completions of concurrent requests batched",
 }
 SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
 

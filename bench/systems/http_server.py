@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 from typing import Any
 
@@ -49,7 +51,31 @@ async def bare(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b'{"status":"ok"}'})
 
 
-async def serve(app: Any, **ready: Any) -> None:
+#: BENCH_HTTP_STATS=1 (bench/http_profile.py): count the asyncio tasks created and print them,
+#: with the pool's statistics, as one JSON line on SIGUSR1
+STATS = os.environ.get("BENCH_HTTP_STATS") == "1"
+_tasks = 0
+_pool: Any = None
+
+
+def _count_tasks(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+    global _tasks
+    _tasks += 1
+    return asyncio.Task(coro, loop=loop, **kw)
+
+
+def _stats() -> None:
+    stats = _pool.get_stats() if _pool is not None else {}
+    print(json.dumps({"stats": True, "tasks": _tasks, "pool": stats}), flush=True)
+
+
+async def serve(app: Any, pool: Any = None, **ready: Any) -> None:
+    if STATS:
+        global _pool
+        _pool = pool
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(_count_tasks)  # type: ignore[arg-type]
+        loop.add_signal_handler(signal.SIGUSR1, _stats)
     sock = tcp_listen_socket()
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="critical", access_log=False, lifespan="on")
@@ -75,7 +101,7 @@ async def main(mode: str, url: str | None) -> None:
         await app.migrate()
         await app.open(pool_size=20)
         try:
-            await serve(IdempotencyMiddleware(bare, database=app.db))
+            await serve(IdempotencyMiddleware(bare, database=app.db), getattr(app.db, "pool", None))
         finally:
             await app.close()
     elif mode == "po":
@@ -89,7 +115,8 @@ async def main(mode: str, url: str | None) -> None:
         await service.open(pool_size=20)
         token = await service.create_partner("bench", "Bench partner")
         try:
-            await serve(create_api(service, manage_service=False), token=token)
+            api = create_api(service, manage_service=False)
+            await serve(api, getattr(service.db, "pool", None), token=token)
         finally:
             await service.close()
     else:

@@ -135,6 +135,28 @@ async def write(
     return str(params["event_id"])
 
 
+async def write_at_commit(
+    tx: Tx,
+    queue: str,
+    payload: Any,
+    *,
+    event_id: str | None = None,
+    key: str | None = None,
+    correlation_id: str | None = None,
+) -> str:
+    """:func:`write` in a transaction from :meth:`Database.work <jobfence.db.Database.work>`
+    (e.g. ``idempotency_of(request).transaction``): the event goes to the server with the
+    COMMIT, one round trip fewer (:meth:`Tx.q_at_commit <jobfence.db.Tx.q_at_commit>`). An
+    event id already in the outbox then fails the commit (the whole transaction rolls back)
+    instead of raising here, so leave ``event_id`` to the default (a new UUID) or make it
+    unique yourself. Returns the event id."""
+    params = _event(queue, payload, event_id, key, correlation_id)
+    with _creating(params, tx.dialect) as trace_context:
+        params["trace_context"] = trace_context
+        await tx.q_at_commit("outbox_write_at_commit", params)
+    return str(params["event_id"])
+
+
 def write_sync(
     connection: Any,
     queue: str,

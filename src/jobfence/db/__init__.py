@@ -293,6 +293,12 @@ class Tx(ABC):
     async def q(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         """Run a named jobfence query; rows as dicts."""
 
+    async def q_at_commit(self, name: str, params: Mapping[str, Any]) -> None:
+        """Run a named jobfence statement as the transaction's last, its rows unread. In a
+        transaction from :meth:`Database.work` on PostgreSQL it goes to the server with the
+        COMMIT, in the same round trip (its error fails the commit); elsewhere it runs now."""
+        await self.q(name, params)
+
     @abstractmethod
     async def qmany(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
         """Run a named jobfence statement once per parameter set (batched by the driver)."""

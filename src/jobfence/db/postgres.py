@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -32,19 +31,14 @@ from . import (
     ended,
     needs_isolation,
 )
+from .listen import first_line as _first_line
+from .listen import listen
 from .placeholders import for_psycopg
-
-log = logging.getLogger("jobfence.db")
 
 
 def _handler_sql(sql: str, params: Params) -> str:
     """A handler's statement for psycopg (see :mod:`.placeholders`)."""
     return for_psycopg(sql) if params is not None and isinstance(sql, str) else sql
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # -- the transaction boundary (SPEC H5) ----------------------------------------------------
@@ -214,6 +208,9 @@ class PgTx(Tx):
     def __init__(self, conn: psycopg.AsyncConnection[Any], sql: Mapping[str, LiteralString]):
         self._conn = conn
         self._sql = sql
+        #: in a transaction from :meth:`PostgresDatabase.work`: the statements that go with
+        #: its COMMIT (:meth:`q_at_commit`); None elsewhere
+        self.at_commit: list[tuple[LiteralString, Mapping[str, Any]]] | None = None
 
     @property
     def connection(self) -> psycopg.AsyncConnection[Any]:
@@ -231,6 +228,12 @@ class PgTx(Tx):
 
     async def q(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         return await _named(self.connection, self._sql[name], params)
+
+    async def q_at_commit(self, name: str, params: Mapping[str, Any]) -> None:
+        if self.at_commit is None:
+            await self.q(name, params)
+        else:
+            self.at_commit.append((self._sql[name], params))
 
     async def qmany(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
         async with self.connection.cursor() as cur:
@@ -414,12 +417,19 @@ async def _commit(
     conn: psycopg.AsyncConnection[Any],
     sql: Mapping[str, LiteralString],
     params: Mapping[str, Any],
+    before: Sequence[tuple[LiteralString, Mapping[str, Any]]] = (),
 ) -> None:
     """Layer 3 and COMMIT in one round trip: core.fence_commit raises (and the COMMIT is not
-    reached) unless this is the transaction jobfence began, its session defaults unchanged."""
+    reached) unless this is the transaction jobfence began, its session defaults unchanged.
+    The statements ``before`` (:meth:`PgTx.q_at_commit`) lead the same query."""
     try:
         async with AsyncClientCursor(conn) as cur:
-            await cur.execute(sql["lend_commit_and_commit"], params)
+            if before:
+                bound = [cur.mogrify(query, step) for query, step in before]
+                bound.append(cur.mogrify(sql["lend_commit_and_commit"], params))
+                await cur.execute("; ".join(bound).encode())
+            else:
+                await cur.execute(sql["lend_commit_and_commit"], params)
     except psycopg.Error as exc:
         problem = _boundary_error(exc)
         if problem is not None:
@@ -504,6 +514,7 @@ class PostgresDatabase(Database):
         params = {**params, "jobfence_tx": _token()}
         async with self._connection() as conn:
             tx = PgTx(conn, self.sql)
+            tx.at_commit = []
             try:
                 results: list[list[Row]] = []
                 async with AsyncClientCursor(conn, row_factory=dict_row) as cur:
@@ -519,7 +530,7 @@ class PostgresDatabase(Database):
                 problem = _status_problem(conn, guard)
                 if problem is not None:
                     raise problem
-                await _commit(conn, self.sql, params)
+                await _commit(conn, self.sql, params, tx.at_commit)
             except BaseException:
                 if conn.info.transaction_status != TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):
@@ -564,35 +575,5 @@ class PostgresDatabase(Database):
         async with self._connection() as conn:
             return await _named(conn, self.sql[name], params)
 
-    async def wakeups(self, channel: str) -> AsyncIterator[str]:
-        """LISTEN on ``channel`` on a dedicated connection, reconnecting with backoff.
-
-        Yields ``""`` after each (re)connection so the caller polls once for anything it
-        missed while it was not listening.
-        """
-        backoff = 0.1
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.url.target, autocommit=True, connect_timeout=10
-                )
-            except psycopg.Error as exc:
-                log.warning(
-                    "listen connection failed; retrying",
-                    extra={"error": _first_line(exc), "retry_in": backoff},
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            try:
-                await conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(channel)))
-                backoff = 0.1
-                yield ""
-                async for notify in conn.notifies():
-                    yield notify.payload
-            except psycopg.Error as exc:
-                log.warning(
-                    "listen connection lost; reconnecting", extra={"error": _first_line(exc)}
-                )
-            finally:
-                await conn.close()
+    def wakeups(self, channel: str) -> AsyncIterator[str]:
+        return listen(self.url.target, channel)

@@ -37,6 +37,7 @@ from .. import tracing
 from ..config import parse_database_url
 from ..db import Database, connect, to_datetime
 from ..errors import ConfigurationError, extra_needed
+from .batch import KeyBatches
 from .keys import (
     DEFAULT_LEASE,
     DEFAULT_MAX_BODY,
@@ -154,6 +155,7 @@ class IdempotencyMiddleware:
         self.cleanup_interval = cleanup_interval
         self.one_transaction = one_transaction
         self._next_cleanup = 0.0
+        self._batches: KeyBatches | None = None
         self._background: set[asyncio.Task[Any]] = set()
         #: the span of each keyed request (docs/tracing.md); None without the otel extra
         self._tracing = tracing.get()
@@ -237,7 +239,10 @@ class IdempotencyMiddleware:
         )
         db = await self._db()
         self._maybe_cleanup(db)
-        store = IdempotencyStore(db)
+        batches = self._batches
+        if batches is None or batches.db is not db:
+            batches = self._batches = KeyBatches(db, lease=self.lease, window=self.window)
+        store = batches.store
         for _ in range(5):
             if self.one_transaction:
                 if await self._run_in_transaction(
@@ -245,14 +250,13 @@ class IdempotencyMiddleware:
                 ):
                     return
             else:
-                claimed = await store.claim(
-                    partner_id, key, fingerprint, lease=self.lease, window=self.window
-                )
+                # claims (and completions) of concurrent requests share a statement
+                claimed = await batches.claim(partner_id, key, fingerprint)
                 if claimed is not None:
                     self._note("executed")
                     token, expires_at = claimed
                     context = IdempotencyContext(partner_id, key, fingerprint, expires_at)
-                    await self._run(scope, body, send, store, context, token)
+                    await self._run(scope, body, send, batches, context, token)
                     return
             row = await store.get(partner_id, key)
             if row is None or row["expired"]:
@@ -399,25 +403,41 @@ class IdempotencyMiddleware:
         scope: Scope,
         body: bytes,
         send: Send,
-        store: IdempotencyStore,
+        batches: KeyBatches,
         context: IdempotencyContext,
         token: str,
     ) -> None:
-        heartbeat = asyncio.create_task(self._heartbeat(store, context, token))
+        store = batches.store
+        # the lease is renewed only by a request still running after a third of it: a timer,
+        # not a task per request
+        heartbeat: list[asyncio.Task[None]] = []
+
+        def renew() -> None:
+            heartbeat.append(asyncio.create_task(self._heartbeat(store, context, token)))
+
+        timer = asyncio.get_running_loop().call_later(self._renew_every(), renew)
+
+        async def stop_renewing() -> None:
+            timer.cancel()
+            for task in heartbeat:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
         try:
             response, raw_headers = await self._call(scope, body, context)
         except BaseException:
-            heartbeat.cancel()
+            timer.cancel()
+            for task in heartbeat:
+                task.cancel()
             await asyncio.shield(self._release(store, context, token))
             raise
-        heartbeat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await heartbeat
+        await stop_renewing()
         if response.status >= 500:
             await self._release(store, context, token)
         else:
             try:
-                if not await store.complete(context.partner_id, context.key, token, response):
+                if not await batches.complete(context.partner_id, context.key, token, response):
                     log.warning(
                         "idempotency key was taken over before the response was stored",
                         extra={"partner_id": context.partner_id, "key": context.key},
@@ -433,9 +453,7 @@ class IdempotencyMiddleware:
     async def _heartbeat(
         self, store: IdempotencyStore, context: IdempotencyContext, token: str
     ) -> None:
-        interval = max(self.lease.total_seconds() / 3, 0.05)
         while True:
-            await asyncio.sleep(interval)
             try:
                 if not await store.extend(context.partner_id, context.key, token, self.lease):
                     log.warning(
@@ -445,6 +463,10 @@ class IdempotencyMiddleware:
                     return
             except Exception:
                 log.exception("could not renew an idempotency key's lease")
+            await asyncio.sleep(self._renew_every())
+
+    def _renew_every(self) -> float:
+        return max(self.lease.total_seconds() / 3, 0.05)
 
     async def _release(
         self, store: IdempotencyStore, context: IdempotencyContext, token: str

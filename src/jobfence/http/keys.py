@@ -176,7 +176,9 @@ class IdempotencyStore:
             "body": response.body,
         }
         if tx is not None:
-            return bool(await tx.q("idempotency_complete", params))
+            # the key's row is locked by ``tx`` since its claim: the update cannot miss it
+            await tx.q_at_commit("idempotency_complete", params)
+            return True
         return bool(await self.db.run("idempotency_complete", params))
 
     async def release(self, partner_id: str, key: str, token: str) -> None:

@@ -60,3 +60,55 @@ DELETE FROM core.idempotency_keys WHERE (partner_id, key) IN (
     FOR UPDATE SKIP LOCKED
 )
 RETURNING 1 AS deleted
+
+-- name: idempotency_claim_many
+-- idempotency_claim for several distinct keys in one statement (jobfence.http.batch); the
+-- keys are locked in (partner_id, key) order, so two processes' batches cannot deadlock.
+INSERT INTO core.idempotency_keys AS k (
+    partner_id, key, fingerprint, state, lease_token, lease_expires_at, expires_at)
+SELECT t.partner_id, t.key, t.fingerprint, 'in_progress', gen_random_uuid(),
+       now() + make_interval(secs => %(lease)s), now() + make_interval(secs => %(window)s)
+FROM unnest(%(partner_ids)s::text[], %(keys)s::text[], %(fingerprints)s::text[])
+     AS t(partner_id, key, fingerprint)
+ORDER BY t.partner_id, t.key
+ON CONFLICT (partner_id, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint,
+    state = 'in_progress',
+    lease_token = excluded.lease_token,
+    lease_expires_at = excluded.lease_expires_at,
+    status_code = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    completed_at = NULL,
+    created_at = CASE WHEN k.expires_at <= now() THEN now() ELSE k.created_at END,
+    expires_at = CASE WHEN k.expires_at <= now() THEN excluded.expires_at ELSE k.expires_at END
+WHERE (k.expires_at <= now() AND (k.state = 'completed' OR k.lease_expires_at <= now()))
+   OR (k.state = 'in_progress' AND k.lease_expires_at <= now()
+       AND k.fingerprint = excluded.fingerprint)
+RETURNING k.partner_id, k.key, k.lease_token::text AS lease_token, k.expires_at
+
+-- name: idempotency_complete_many
+-- idempotency_complete for several keys in one statement (jobfence.http.batch), locked in
+-- (partner_id, key) order like the claims; returns the keys whose response was stored.
+WITH done AS (
+    SELECT * FROM unnest(%(partner_ids)s::text[], %(keys)s::text[], %(tokens)s::uuid[],
+                         %(status_codes)s::int[], %(headers)s::jsonb[], %(bodies)s::bytea[])
+        AS t(partner_id, key, token, status_code, headers, body)
+), locked AS (
+    SELECT k.partner_id, k.key, d.status_code, d.headers, d.body
+    FROM core.idempotency_keys AS k
+    JOIN done AS d ON k.partner_id = d.partner_id AND k.key = d.key AND k.lease_token = d.token
+    ORDER BY k.partner_id, k.key
+    FOR UPDATE OF k
+)
+UPDATE core.idempotency_keys AS k SET
+    state = 'completed',
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    status_code = l.status_code,
+    response_headers = l.headers,
+    response_body = l.body,
+    completed_at = now()
+FROM locked AS l
+WHERE k.partner_id = l.partner_id AND k.key = l.key
+RETURNING k.partner_id, k.key

@@ -7,6 +7,12 @@ VALUES (%(event_id)s, %(queue)s, %(ordering_key)s, %(correlation_id)s, %(payload
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
+-- name: outbox_write_at_commit
+-- outbox.write_at_commit: sent with the COMMIT; an event id already there fails the commit.
+INSERT INTO core.outbox (event_id, queue, ordering_key, correlation_id, payload, trace_context)
+VALUES (%(event_id)s, %(queue)s, %(ordering_key)s, %(correlation_id)s, %(payload)s,
+        %(trace_context)s)
+
 -- name: outbox_claim
 -- Claim a batch of ready events. An event with an ordering key is ready only when every
 -- earlier event of its key is published, so one key is published strictly in order even with

@@ -8,6 +8,13 @@ VALUES (:event_id, :queue, :ordering_key, :correlation_id, :payload, {NOW}, {NOW
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
+-- name: outbox_write_at_commit
+-- outbox.write_at_commit (runs at once on SQLite); an event id already there fails it.
+INSERT INTO core_outbox (event_id, queue, ordering_key, correlation_id, payload,
+                         next_attempt_at, created_at, trace_context)
+VALUES (:event_id, :queue, :ordering_key, :correlation_id, :payload, {NOW}, {NOW},
+        :trace_context)
+
 -- name: outbox_claim
 UPDATE core_outbox SET
     attempts = attempts + 1,
