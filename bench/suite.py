@@ -416,7 +416,7 @@ WORKLOADS = {
     "fences": "fences at 10 000 000 vs empty: insert latency, drain, cleanup rows/s",
     # -- issue 16 §3, growth (bench/growth.py)
     "backlog": "drain rate with 1 000 000 jobs waiting vs 20 000 (--backlog-jobs, -window)",
-    "queues": "one worker on 100 queues vs 1 queue, the same 20 000 jobs",
+    "queues": "one worker on 100 queues vs 1 queue, the same 60 000 jobs (--queues-jobs)",
     "processes": "1, 2 and 4 worker processes on one queue: rate, CPU, where it saturates",
     # -- end of growth
 }
