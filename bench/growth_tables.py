@@ -381,7 +381,8 @@ def plan_summary(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]
         if kind != "Limit":
             nodes.append(kind)
         if "Scan" in node["Node Type"]:
-            read += int(node.get("Actual Rows", 0)) + int(node.get("Rows Removed by Filter", 0))
+            per_loop = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+            read += round(per_loop * node.get("Actual Loops", 1))  # parallel workers: loops
         for child in node.get("Plans", []):
             walk(child)
 
