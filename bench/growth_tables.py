@@ -267,8 +267,15 @@ def growth_targets(results: Any, verdict: Callable[[bool], str]) -> list[tuple[s
         big = results.get(f"dead letters: first page {stat}", got[1])
         n = got[1].split(" · ")[1]
         if unit == "×":
-            target = f"letters: {name}, {stat} at {n} ≤ {limit:g}× 1 000 letters"
-            out.append((target, f"{got[0]:.2f}×", verdict(got[0] <= limit)))
+            # below a millisecond the machine's scheduling decides: within NOISE_MS is met too
+            base = results.get(f"dead letters: first page {stat}", big.baseline)
+            more = big.median - base.median
+            target = (
+                f"letters: {name}, {stat} at {n} ≤ {limit:g}× 1 000 letters "
+                f"(or ≤ {NOISE_MS:g} ms more)"
+            )
+            ok = got[0] <= limit or more <= NOISE_MS
+            out.append((target, f"{got[0]:.2f}× ({more:+.1f} ms)", verdict(ok)))
         elif unit == "ms":
             target = f"letters: {name}, {stat} at {n} ≤ {limit:g} ms"
             out.append((target, f"{big.median:.1f} ms", verdict(big.median <= limit)))
@@ -294,6 +301,7 @@ def growth_targets(results: Any, verdict: Callable[[bool], str]) -> list[tuple[s
 
 #: (listing, statistic, limit, unit): "×" the 1 000-letter case in the same run, "ms" at 1M,
 #: anything else a ratio shown for information with that word (docs/benchmarks.md, Method)
+NOISE_MS = 1.0
 LETTER_TARGETS: list[tuple[str, str, float, str]] = [
     ("list pending (CLI default)", "p99", 2.0, "×"),
     ("API: no filter", "p99", 2.0, "×"),
@@ -303,6 +311,7 @@ LETTER_TARGETS: list[tuple[str, str, float, str]] = [
             "list pending (CLI default)",
             "list, any status",
             "queue, common",
+            "queue, rare",
             "category",
             "job_id",
             "error text, common",
@@ -312,7 +321,6 @@ LETTER_TARGETS: list[tuple[str, str, float, str]] = [
             "API: queue + pending",
         )
     ],
-    ("queue, rare", "p50", 10.0, "ms"),
     ("error text, rare", "p50", 250.0, "ms"),
     ("failed in one day 60 days ago", "p50", 0.0, "info: reads every newer letter"),
 ]
@@ -381,7 +389,8 @@ def plan_summary(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]
         if kind != "Limit":
             nodes.append(kind)
         if "Scan" in node["Node Type"]:
-            read += int(node.get("Actual Rows", 0)) + int(node.get("Rows Removed by Filter", 0))
+            per_loop = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+            read += round(per_loop * node.get("Actual Loops", 1))  # parallel workers: loops
         for child in node.get("Plans", []):
             walk(child)
 

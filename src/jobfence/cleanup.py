@@ -11,7 +11,9 @@ job ran) — but **never**:
 - while a job with its job_id is still retrying in this database's queue.
 
 Cleanup deletes in bounded batches, oldest first, each batch its own short transaction found
-through the ``expires_at`` index (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), so a worker
+through the ``expires_at`` index (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, where each batch
+starts at the last ``expires_at`` of the one before, so a round over millions of expired rows
+does not read the earlier batches' dead index entries again), so a worker
 inserting fences is never held up for more than one batch. One cleaner runs at a time: the
 ``fence-cleanup`` row of the lease table, renewed inside every batch's transaction, so a
 cleaner that stalled past its lease can never commit another batch. Works the same on
@@ -77,11 +79,13 @@ async def cleanup_fences(
         raise ValueError("min_age must not be negative")
     lease = Lease(db, LEASE_NAME, holder or default_holder(), LEASE_TTL)
     started = time.monotonic()
-    params = {
+    params: dict[str, object] = {
         "now": db.at(now),
         "min_age": min_age.total_seconds(),
         "limit": batch,
     }
+    if db.dialect == "postgresql":
+        params["after"] = None  # each batch starts where the previous one ended
     if not (await db.run("cleanup_due", {"now": params["now"]}))[0]["due"]:
         return CleanupResult(0, 0, time.monotonic() - started, 0.0)  # idle: write nothing
     if not await lease.acquire():
@@ -120,6 +124,8 @@ async def cleanup_fences(
 async def _delete_batch(db: Database, tx: Tx, params: dict[str, object]) -> int:
     rows = await tx.q("cleanup_fences", params)
     if db.dialect == "postgresql":
+        if rows[0]["last"] is not None:
+            params["after"] = rows[0]["last"]
         return int(rows[0]["deleted"])
     return int((await tx.q("changes"))[0]["changed"])
 

@@ -294,7 +294,8 @@ async def test_cleanup_of_many_expired_fences_does_not_stop_a_worker(pg_ledger: 
 async def test_a_cleanup_batch_reads_its_rows_not_the_whole_table(pg_ledger: str) -> None:
     """A batch deletes the rows it locked by ctid (a TID scan), whatever the table's size:
     joined on the key, the planner hashed the whole fence table for every batch (a seq scan
-    each), so cleanup slowed as the table grew (issue 16 §3: bench/run.py --only fences)."""
+    each), so cleanup slowed as the table grew (issue 16 §3: bench/run.py --only fences). And
+    a batch's index scan starts at the previous batch's last expires_at."""
     url = pg_ledger
     await query(
         url,
@@ -305,7 +306,12 @@ async def test_a_cleanup_batch_reads_its_rows_not_the_whole_table(pg_ledger: str
     await query(url, "ANALYZE core.processed_jobs")
     async with opened(url) as db:
         sql = db.sql["cleanup_fences"]  # type: ignore[attr-defined]
-    params = {"now": None, "min_age": MIN_AGE.total_seconds(), "limit": 5000}
+    params = {"now": None, "min_age": MIN_AGE.total_seconds(), "limit": 5000, "after": None}
     plan = "\n".join(row[0] for row in await query(url, f"EXPLAIN {sql}", params))
     assert "Tid Scan on processed_jobs" in plan, plan
     assert "Seq Scan on processed_jobs" not in plan, plan
+    # the next batch's index scan starts where this one ended
+    params["after"] = datetime.now(UTC) - timedelta(days=24)
+    plan = "\n".join(row[0] for row in await query(url, f"EXPLAIN {sql}", params))
+    assert "Index Scan using processed_jobs_expires_idx" in plan, plan
+    assert "(expires_at >= " in plan, plan

@@ -349,3 +349,28 @@ async def test_search_filters_and_pages_without_payloads(database_url: str) -> N
     assert pages == [[ids[4], ids[3]], [ids[2], ids[1]], [ids[0]]]
     assert all(x.payload is None for x in by_error.items)
     assert "payload" not in by_error.items[0].summary()
+
+
+async def test_a_rare_queues_first_page_is_an_index_range_read(pg_database: str) -> None:
+    """Issue 16 §3: the first page of a queue holding 0.1 % of 100 000 letters reads its 50
+    newest through ``dead_letters_queue_id_idx`` (in id order), not the primary key over
+    ~50 000 letters nor every letter of the queue and a sort."""
+    url = pg_database
+    await query(
+        url,
+        "INSERT INTO core.dead_letters (queue, consumer, job_id, payload, payload_size, "
+        "attempts, error_category, last_error, status, reviewed_at, reviewed_by) "
+        "SELECT CASE WHEN mod(g, 1000) = 0 THEN 'rare' ELSE 'common' END, 'c', 'j-' || g, "
+        "'\\x7b7d', 2, 1, 'TEMPORARY_ERROR', 'boom', 'replayed', now(), 'ops' "
+        "FROM generate_series(1, 100000) AS g",
+    )
+    await query(url, "ANALYZE core.dead_letters")
+    async with opened(url) as db:
+        sql = db.sql["dl_search"]  # type: ignore[attr-defined]
+        flt = dl.Filter(queue="rare").check()
+        params = {**flt.params(db, None), "before": None, "limit": 50}
+        page = await dl.search(db, dl.Filter(queue="rare"), actor=ALICE)
+    plan = "\n".join(r[0] for r in await query(url, f"EXPLAIN {sql}", params))
+    assert "dead_letters_queue_id_idx" in plan, plan
+    assert "Sort" not in plan, plan
+    assert [x.job_id for x in page.items] == [f"j-{g}" for g in range(100000, 50000, -1000)]
