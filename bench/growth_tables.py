@@ -335,6 +335,12 @@ def pct(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
 
 
+def ordered(sizes: dict[str, Any], r: int) -> list[tuple[str, Any]]:
+    """The small and the big case, small first in even rounds and big first in odd ones."""
+    items = list(sizes.items())
+    return items if r % 2 == 0 else items[::-1]
+
+
 async def timed_calls(call: Callable[[], Awaitable[Any]], calls: int, budget: float) -> list[float]:
     """Up to ``calls`` timings (ms) of ``call``, stopping after ``budget`` seconds."""
     await call()  # warm: plans, caches
@@ -485,9 +491,9 @@ async def letters_child(a: argparse.Namespace) -> dict[str, Any]:
             page = await dl.search(apps[label].db, dl.Filter(), actor=actor)
             if [x["id"] for x in items] != [x.id for x in page.items]:
                 raise SystemExit(f"{label}: the API's first page differs from search()")
-        for _ in range(a.rounds):  # interleaved: small, big, small, big …
+        for r in range(a.rounds):  # interleaved, the order alternating from round to round
             for name in [*calls, *api]:
-                for label, app in apps.items():
+                for label, app in ordered(apps, r):
                     call = calls[name](app) if name in calls else get(label, api[name])
                     times = await timed_calls(call, a.calls, a.budget)
                     data = out.setdefault(name, {}).setdefault(
@@ -557,8 +563,8 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
     seed_s = seeded(a.big_url, lambda conn: seed_fences(conn, a.big, expired=expired))
     insert: dict[str, dict[str, list[float]]] = {v: {"p50": [], "p99": []} for v in labels.values()}
     drain: dict[str, list[float]] = {v: [] for v in labels.values()}
-    for r in range(a.rounds):
-        for size, (app, _) in apps.items():
+    for r in range(a.rounds):  # interleaved, the order alternating from round to round
+        for size, (app, _) in ordered(apps, r):
             phase, stop = Phase(), asyncio.Event()
             writers = [asyncio.create_task(fencer(app, phase, stop, f"r{r}-{k}")) for k in range(4)]
             await asyncio.sleep(a.seconds)
@@ -566,7 +572,7 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
             await asyncio.gather(*writers)
             insert[labels[size]]["p50"].append(phase.pct(0.5))
             insert[labels[size]]["p99"].append(phase.pct(0.99))
-        for size, (app, counter) in apps.items():
+        for size, (app, counter) in ordered(apps, r):
             await app.enqueue_many(
                 [app.job("work", {}, job_id=str(uuid.uuid4())) for _ in range(a.drain)]
             )
