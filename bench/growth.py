@@ -74,6 +74,11 @@ def explain_claim(url: str, queues: int) -> dict[str, Any]:
     params = {
         "queues": queue_names(queues),
         "limit": CLAIM_LIMIT,
+        # as jobfence.transports.database.per_queue_limit (the peers' virtualenv, where this
+        # runs, has no jobfence to import it from)
+        "per_queue": CLAIM_LIMIT
+        if queues <= 1
+        else min(CLAIM_LIMIT, max(-(-CLAIM_LIMIT // queues), 50)),
         "lease": 60.0,
         "worker_id": "bench-explain",
     }

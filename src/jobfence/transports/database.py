@@ -38,6 +38,22 @@ ROW_ROOM = MiB
 POSTGRESQL_MAX_PAYLOAD = 512 * MiB - ROW_ROOM
 
 
+#: the rows a claim over several queues may lock in each queue, at least (or the whole limit)
+PER_QUEUE_MIN = 50
+
+
+def per_queue_limit(limit: int, queues: int) -> int:
+    """How many ready jobs a claim of ``limit`` takes (and locks) from each of ``queues``
+    queues at most: the whole limit for one queue; over several, an even share but never
+    less than ``PER_QUEUE_MIN`` (a group-commit batch), so that one busy queue among idle
+    ones still fills a batch per claim. The claim locks every row its queues' ranges take
+    before it keeps the oldest ``limit``: without the share, 100 queues with work lock 100 ×
+    ``limit`` rows to claim ``limit``."""
+    if queues <= 1:
+        return limit
+    return min(limit, max(-(-limit // queues), PER_QUEUE_MIN))
+
+
 @functools.cache
 def _sqlite_max_length() -> int:
     """SQLite's largest string, BLOB and row (SQLITE_MAX_LENGTH, 1 000 000 000 by default)."""
@@ -129,6 +145,7 @@ class DatabaseQueue(Transport):
             {
                 "queues": self._queues_param(queues),
                 "limit": limit,
+                "per_queue": per_queue_limit(limit, len(queues)),
                 "lease": self.lease.total_seconds(),
                 "worker_id": self.worker_id,
             },
@@ -180,7 +197,9 @@ class DatabaseQueue(Transport):
         first, so a notification that arrives during the claim is not lost."""
         self._wake.clear()
         found = await self._claim(queues, limit)
-        self._drained = tuple(queues) if len(found) < limit else None
+        # fewer than one queue's share: every queue gave all it had ready
+        drained = len(found) < per_queue_limit(limit, len(queues))
+        self._drained = tuple(queues) if drained else None
         return found
 
     def _ref(self, delivery: Delivery) -> dict[str, Any]:

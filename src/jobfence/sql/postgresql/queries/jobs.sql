@@ -7,7 +7,10 @@ VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s,
 
 -- name: claim
 -- One ordered index range per queue (an ANY(...) over the queues would read every available
--- row and sort them), the oldest first across queues; paused queues are skipped.
+-- row and sort them), the oldest first across queues; paused queues are skipped. Each queue's
+-- range locks at most per_queue rows (jobfence.transports.database.per_queue_limit): every
+-- row a range takes is locked before the outer LIMIT keeps the oldest, so over 100 queues a
+-- range of the whole limit each would lock 100 times what the claim returns.
 WITH candidates AS (
     SELECT c.id, c.run_at
     FROM (SELECT u.name FROM unnest(%(queues)s::text[]) AS u(name)
@@ -16,7 +19,7 @@ WITH candidates AS (
         SELECT id, run_at FROM core.jobs
         WHERE state = 'available' AND queue = q.name AND run_at <= now()
         ORDER BY run_at, id
-        LIMIT %(limit)s
+        LIMIT %(per_queue)s
         FOR UPDATE SKIP LOCKED
     ) AS c
     ORDER BY c.run_at, c.id
