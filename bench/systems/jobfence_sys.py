@@ -239,6 +239,7 @@ async def deadletters(url: str, n: int) -> None:
     ops API use (preview, then run), timed from confirming to done; verifies that ``n`` jobs
     were republished and every letter is marked replayed."""
     from jobfence import deadletters as dl
+    from jobfence import replays
 
     app = make_app(url)
     async with app:
@@ -249,17 +250,17 @@ async def deadletters(url: str, n: int) -> None:
                 "payload_size": len(json.dumps({"n": i}).encode()),
                 "payload_truncated": False, "attempts": 1, "category": "TECHNICAL_ERROR",
                 "error_code": None, "error": "bench: the ERP timed out", "history": "[]",
-                "enqueued_at": None, "partner": None, "trace": None,
+                "enqueued_at": None, "partner": None, "trace": None, "trace_context": None,
             }
             for i in range(n)
         ]  # fmt: skip
         async with app.db.transaction() as tx:
             await tx.qmany("insert_dead_letter", letters)
         actor = dl.Actor("bench")
-        preview = await dl.preview_replay(app.db, dl.Filter(queue=QUEUE), actor=actor)
+        preview = await replays.preview_replay(app.db, dl.Filter(queue=QUEUE), actor=actor)
         assert preview.total == n, preview.total
         t0 = time.perf_counter()
-        status = await dl.run_replay(
+        status = await replays.run_replay(
             app.db, app.transport, preview.replay_id, actor=actor, expected_total=n
         )
         replay_s = time.perf_counter() - t0
