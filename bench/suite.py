@@ -764,6 +764,10 @@ BASELINES = {
 }
 
 
+#: decimals of a row's spread, by unit (as _fmt shows the median)
+SPREAD_DIGITS = {"ms": 1, "%": 1, "µs": 1, "ms/req": 2, "cores": 2}
+
+
 def _fmt(value: float, unit: str) -> str:
     if value != value:  # nan
         return "—"
@@ -827,7 +831,7 @@ def render(results: Results) -> tuple[Table, list[list[str]]]:
             r.workload if r.workload != last else "",
             r.label + (f" · {r.note}" if r.note else ""),
             f"{_fmt(r.median, r.unit)} {r.unit}",
-            f"{spread(r.values, 1 if r.unit in ('ms', '%') else 0)} ({len(r.values)})"
+            f"{spread(r.values, SPREAD_DIGITS.get(r.unit, 0))} ({len(r.values)})"
             if len(r.values) > 1
             else "(1)",
             f"{median(r.cpu):.2f}" if r.cpu else "",
@@ -992,10 +996,56 @@ def defaults_targets(
                 verdict(share <= 5),
             )
         )
+    out += http_targets(results, verdict)
     relay = [r for (w, _), r in results.rows.items() if w == "outbox relay"]
     if len(relay) == 2 and relay[1].median:
         x = relay[0].median / relay[1].median
         out.append(("outbox relay ≥ 0.5× enqueue_many", f"{x:.2f}×", verdict(x >= 0.5)))
+    return out
+
+
+#: issue 16 §1: (keyed POST, its floor in the same process) of the HTTP workload
+HTTP_PAIRS = (
+    (
+        "purchase-order API: POST /requests with Idempotency-Key",
+        "purchase-order API: GET /healthz (no database)",
+    ),
+    (
+        "IdempotencyMiddleware + trivial app: POST with Idempotency-Key",
+        "bare ASGI app: POST (no middleware)",
+    ),
+)
+
+
+def http_targets(results: Results, verdict: Callable[[bool], str]) -> list[tuple[str, str, str]]:
+    """Issue 16 §1: a keyed POST at ≥ 0.5× the floor of its own process, p99 < 50 ms at 16
+    connections; and its server CPU per request against the floor's (what bounds it)."""
+    out: list[tuple[str, str, str]] = []
+    for post, floor in HTTP_PAIRS:
+        rate, base = results.get("HTTP requests/s", post), results.get("HTTP requests/s", floor)
+        p99 = results.get("HTTP p99", post)
+        cpu, cpu_base = results.get("HTTP server CPU", post), results.get("HTTP server CPU", floor)
+        name = post.split(":")[0]
+        if rate and base:
+            x = rate.median / base.median
+            out.append((f"HTTP: {name} keyed POST ≥ 0.5× {floor}", f"{x:.2f}×", verdict(x >= 0.5)))
+        if p99:
+            out.append(
+                (
+                    f"HTTP: {name} keyed POST p99 < 50 ms at 16 connections",
+                    f"{p99.median:.1f} ms",
+                    verdict(p99.median < 50),
+                )
+            )
+        if cpu and cpu_base and cpu_base.median:
+            out.append(
+                (
+                    f"HTTP: {name} server CPU per keyed POST / per {floor.split(':')[-1].strip()}",
+                    f"{cpu.median / cpu_base.median:.1f}× ({cpu.median:.2f} / "
+                    f"{cpu_base.median:.2f} ms)",
+                    "info: the bound on one core",
+                )
+            )
     return out
 
 
