@@ -31,8 +31,9 @@ UPDATE core.jobs AS j SET
     lease_token = gen_random_uuid(),
     lease_expires_at = now() + make_interval(secs => %(lease)s),
     worker_id = %(worker_id)s
-FROM candidates AS c
-WHERE j.id = c.id
+-- by primary key (= ANY of an array): a join with the candidates is planned as a hash over a
+-- sequential scan of core.jobs below ~60 000 rows, every claim reading the whole queue
+WHERE j.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
 RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
           j.enqueued_at, j.lease_token, j.history, j.trace_context
 
