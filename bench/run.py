@@ -1,6 +1,6 @@
 """jobfence benchmark suite: jobfence against its Python peers on the same PostgreSQL.
 
-    .venv/bin/python bench/run.py                   # everything, full sizes (~30–40 min)
+    .venv/bin/python bench/run.py                   # everything, full sizes (~45 min)
     .venv/bin/python bench/run.py --quick           # smoke: sizes / 20, one run each
     .venv/bin/python bench/run.py --only durable,noop --repeat 5
     .venv/bin/python bench/run.py --list            # the workloads
