@@ -189,3 +189,21 @@ def adopt_loggers(*names: str, level: str = "INFO") -> None:
         library.handlers[:] = handlers
         library.setLevel(level.upper())
         library.propagate = False
+
+
+def dump_tasks(logger: logging.Logger = log) -> None:
+    """Log every task of the running event loop with where it waits (what ``kill -USR1``
+    of a worker or relay does): the answer to "what is it stuck on?" without a debugger.
+    Threads blocked outside the loop show with ``PYTHONFAULTHANDLER=1`` and SIGABRT."""
+    import asyncio
+    import io
+
+    tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+    for task in tasks:
+        stack = io.StringIO()
+        task.print_stack(limit=12, file=stack)
+        logger.warning(
+            f"task {task.get_name()}",
+            extra={"task": task.get_name(), "stack": stack.getvalue().strip()},
+        )
+    logger.warning(f"{len(tasks)} task(s) dumped", extra={"tasks": len(tasks)})

@@ -302,12 +302,16 @@ def new_queue() -> tuple[str, str]:
 # -- worker subprocesses --------------------------------------------------------------------
 
 
+#: each started worker's log, by pid (stop_worker shows it when a worker does not stop)
+_LOGS: dict[int, Path] = {}
+
+
 def start_worker(env: dict[str, str], log_path: Path, *args: str) -> subprocess.Popen[bytes]:
     """``jobfence worker tests.contract.apps:app`` as a real, killable process."""
-    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     log = open(log_path, "ab")  # noqa: SIM115 (the process keeps it)
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [
                 sys.executable, "-m", "jobfence.cli", "worker", "tests.contract.apps:app",
                 "--log-level", "INFO", *args,
@@ -316,6 +320,8 @@ def start_worker(env: dict[str, str], log_path: Path, *args: str) -> subprocess.
         )  # fmt: skip
     finally:
         log.close()
+    _LOGS[proc.pid] = log_path
+    return proc
 
 
 async def wait_started(log_path: Path, timeout: float = 180.0) -> None:
@@ -329,13 +335,26 @@ async def wait_started(log_path: Path, timeout: float = 180.0) -> None:
 
 
 def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    """SIGTERM and the exit code. A worker still running after ``timeout`` is asked where it
+    waits (SIGUSR1: its tasks; then SIGABRT: its threads, by faulthandler) before it is
+    killed, and the end of its log goes to stderr, so the failure says what it hung on."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            for sig in (signal.SIGUSR1, signal.SIGABRT):
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=3)
             proc.kill()
             proc.wait(timeout=10)
+            log_path = _LOGS.get(proc.pid)
+            if log_path is not None and log_path.exists():
+                tail = log_path.read_text(errors="replace")[-20000:]
+                print(f"worker {proc.pid} did not stop within {timeout:g}s; its log ends:\n{tail}",
+                      file=sys.stderr)  # fmt: skip
     return int(proc.returncode)
 
 

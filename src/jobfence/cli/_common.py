@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import re
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -20,7 +21,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .. import letters
+from .. import letters, logs
 from ..app import App
 from ..config import ENV_DATABASE_URL, ENV_SCHEMA, ENV_TRANSPORT_URL
 from ..jobs import AttemptRecord
@@ -152,7 +153,18 @@ def transport_option(func: F) -> F:
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    """Run a command's coroutine. While it runs, ``kill -USR1 <pid>`` logs every task and
+    where it waits (:func:`jobfence.logs.dump_tasks`): what a stuck process is stuck on."""
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, logs.dump_tasks)
+        try:
+            return await coro
+        finally:
+            loop.remove_signal_handler(signal.SIGUSR1)
+
+    return asyncio.run(main())
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
