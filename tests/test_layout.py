@@ -81,3 +81,18 @@ def test_the_doors_are_imported_by_nothing_in_the_library() -> None:
         if not importer.startswith(DOORS) and importer != "jobfence"
     )
     assert offending == []
+
+
+def test_no_asyncio_wait_for_in_the_library() -> None:
+    """``asyncio.wait_for`` on Python 3.11 returns the inner result when a cancellation lands
+    in the same loop step as the inner call finishes: the cancel is lost, and a task in a
+    loop (the health ping, a wake-up wait) then runs on after its owner cancelled it — a
+    worker that never exits on SIGTERM. ``async with asyncio.timeout(...)`` keeps the
+    cancellation (3.12 rebuilt wait_for on it)."""
+    found = [
+        f"{path.relative_to(SRC)}:{n}"
+        for path in library_modules()
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "wait_for(" in line and not line.lstrip().startswith("#")
+    ]
+    assert found == []

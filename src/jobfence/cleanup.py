@@ -154,4 +154,5 @@ async def cleanup_loop(
             log.exception("fence cleanup failed; trying again next round")
         wait = interval.total_seconds() * random.uniform(0.9, 1.1)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=wait)
+            async with asyncio.timeout(wait):
+                await stop.wait()

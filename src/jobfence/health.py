@@ -97,7 +97,8 @@ class Health:
     async def _ping(self, db: Database) -> None:
         while True:
             try:
-                await asyncio.wait_for(db.run("db_now"), PING_TIMEOUT)
+                async with asyncio.timeout(PING_TIMEOUT):
+                    await db.run("db_now")
             except Exception as exc:
                 if self.db_error is None:
                     log.warning(

@@ -375,7 +375,8 @@ class Relay:
         if seconds <= 0 or self._stop.is_set():
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
 
     async def run_once(self) -> int:
         """One round: claim a batch, publish it, mark it. Returns the number claimed."""
@@ -473,10 +474,8 @@ class Relay:
         traces = self.app.tracing
         spans = [] if traces is None else traces.relay_spans(group, self.app.transport.name)
         try:
-            await asyncio.wait_for(
-                self.app.transport.publish([e.job() for e in group]),
-                timeout=self.publish_timeout.total_seconds(),
-            )
+            async with asyncio.timeout(self.publish_timeout.total_seconds()):
+                await self.app.transport.publish([e.job() for e in group])
         except Exception as exc:
             if traces is not None:
                 traces.end_spans(spans, exc)

@@ -293,7 +293,8 @@ class Worker:
             except Exception:
                 log.exception("fetch failed; retrying shortly")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+                    async with asyncio.timeout(1.0):
+                        await self._stop.wait()
         # stopping: what was claimed but never started goes back, without costing an attempt
         while self._buffer:
             await self._give_back(self._buffer.popleft())

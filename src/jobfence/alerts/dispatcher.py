@@ -347,7 +347,8 @@ class AlertDispatcher:
                 except Exception:
                     log.exception("alert dispatch failed; trying again next round")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=interval.total_seconds())
+                    async with asyncio.timeout(interval.total_seconds()):
+                        await stop.wait()
         finally:
             await asyncio.shield(self.close())
 

@@ -189,7 +189,8 @@ class DatabaseQueue(Transport):
             wait = min(wait, self._sqlite_poll)
         if wait > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
         return await self._claim_noting(queues, limit)
 
     async def _claim_noting(self, queues: Sequence[str], limit: int) -> list[Delivery]:

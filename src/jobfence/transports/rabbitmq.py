@@ -391,7 +391,8 @@ class RabbitMQTransport(Transport):
         if not self._buffer:
             self._ready.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), timeout=timeout)
+                async with asyncio.timeout(timeout):
+                    await self._ready.wait()
         found: list[Delivery] = []
         deadline = time.monotonic() + self.lease.total_seconds()
         while self._buffer and len(found) < limit:

@@ -397,7 +397,8 @@ class RedisTransport(Transport):
             wait = due - time.monotonic()
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._timer_wake.wait(), timeout=wait)
+                    async with asyncio.timeout(wait):
+                        await self._timer_wake.wait()
                 continue
             try:
                 await self._promote_due(queue, force=True)

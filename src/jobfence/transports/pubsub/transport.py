@@ -143,7 +143,8 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         if self.emulator:
             publisher_channel = grpc.aio.insecure_channel(self.emulator)
             try:
-                await asyncio.wait_for(publisher_channel.channel_ready(), timeout=15)
+                async with asyncio.timeout(15):
+                    await publisher_channel.channel_ready()
             except TimeoutError:
                 await publisher_channel.close()
                 raise ConfigurationError(
