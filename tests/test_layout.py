@@ -34,6 +34,7 @@ POSTGRESQL_ONLY = {
     "outbox_wait_done": "relays waiting on writers",
     "idempotency_claim_many": "claims of concurrent requests batched (jobfence.http.batch)",
     "idempotency_complete_many": "completions of concurrent requests batched",
+    "dl_search_window": "a time window of dead letters through the failed_at index",
 }
 SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
 

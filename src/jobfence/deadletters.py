@@ -119,6 +119,12 @@ class Filter:
             )
         return replace(self, since=since, until=until, status=status)
 
+    def search_query(self, dialect: str) -> str:
+        """The search: a PostgreSQL time window through its failed_at index, or dl_search."""
+        own_index = self.job_id is not None or self.ids is not None
+        window = not own_index and (self.since is not None or self.until is not None)
+        return "dl_search_window" if window and dialect == "postgresql" else "dl_search"
+
     @property
     def is_empty(self) -> bool:
         return not self.criteria()
@@ -328,7 +334,7 @@ async def search(
         "before": _id(before, "before (the cursor)", low=0),
         "limit": _limit(limit),
     }
-    rows = await db.run("dl_search", params)
+    rows = await db.run(flt.search_query(db.dialect), params)
     letters = [from_row(row) for row in rows]
     cursor = letters[-1].id if len(letters) == limit else None
     return Page(letters, cursor)

@@ -52,6 +52,40 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY id DESC
 LIMIT %(limit)s
 
+-- name: dl_search_window
+-- dl_search with a time window (since and/or until). The window's lowest and highest ids come
+-- from an index-only scan of dead_letters_failed_id_idx (O(letters in the window); `id + 0`
+-- keeps the planner from answering min/max by walking the primary key, which reads every
+-- newer letter), and the page walks the primary key down between them. Letters are written
+-- in id order give or take concurrent transactions, so the range holds little besides the
+-- window's own letters; the result is exact in any order (the window is also a filter). An
+-- empty window has no lowest id: no rows. The cursor (before) is folded into the highest id,
+-- so that a generic plan (prepared statements) still starts the walk at the cursor.
+WITH win AS MATERIALIZED (
+    SELECT min(id + 0) AS lo,
+           LEAST(max(id + 0), COALESCE(%(before)s::bigint - 1, 9223372036854775807)) AS hi
+    FROM core.dead_letters
+    WHERE failed_at >= COALESCE(%(since)s::timestamptz, '-infinity')
+      AND failed_at < COALESCE(%(until)s::timestamptz, 'infinity')
+)
+SELECT id, queue, consumer, job_id, correlation_id, payload_size, payload_truncated,
+       attempts, error_category, error_code, last_error, status, enqueued_at, failed_at,
+       partner, previous_id, reviewed_at, reviewed_by, review_reason
+FROM core.dead_letters
+WHERE id >= (SELECT lo FROM win) AND id <= (SELECT hi FROM win)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s)
+  AND (%(category)s::text IS NULL OR error_category = %(category)s)
+  AND (%(job_id)s::text IS NULL OR job_id = %(job_id)s)
+  AND (%(error)s::text IS NULL OR last_error ILIKE %(error)s ESCAPE '\')
+  AND (%(since)s::timestamptz IS NULL OR failed_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR failed_at < %(until)s)
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s))
+  AND (%(partner)s::text IS NULL OR partner = %(partner)s)
+ORDER BY id DESC
+LIMIT %(limit)s
+
 -- name: dl_followers
 SELECT id FROM core.dead_letters
 WHERE job_id = %(job_id)s AND previous_id = %(id)s
