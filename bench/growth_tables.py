@@ -316,13 +316,16 @@ LETTER_TARGETS: list[tuple[str, str, float, str]] = [
             "job_id",
             "error text, common",
             "queue + pending",
-            "failed in one day a week ago",
             "API: no filter",
             "API: queue + pending",
         )
     ],
     ("error text, rare", "p50", 250.0, "ms"),
-    ("failed in one day 60 days ago", "p50", 0.0, "info: reads every newer letter"),
+    # a window's page is the newest 50 by id among the window's letters: no B-tree orders by
+    # id and bounds failed_at, so the least a plan reads is the window's index entries (one
+    # day at 1M over 90 days: ~11 000, ~1 ms of index-only scan); 5 ms leaves the margin
+    ("failed in one day a week ago", "p50", 5.0, "ms"),
+    ("failed in one day 60 days ago", "p50", 5.0, "ms"),
 ]
 
 
@@ -394,7 +397,7 @@ def plan_summary(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]
             kind += f" {node['Index Name']}"
         if kind != "Limit":
             nodes.append(kind)
-        if "Scan" in node["Node Type"]:
+        if "Scan" in node["Node Type"] and node["Node Type"] != "CTE Scan":
             per_loop = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
             read += round(per_loop * node.get("Actual Loops", 1))  # parallel workers: loops
         for child in node.get("Plans", []):
@@ -506,7 +509,6 @@ async def letters_child(a: argparse.Namespace) -> dict[str, Any]:
         server.should_exit = True
         await task
     # the big database's plans (custom plans: the parameters as given)
-    sql = apps["big"].db.sql["dl_search"]  # type: ignore[attr-defined]
     with psycopg.connect(a.big_url) as conn:
         for name, (kw, _) in {
             "list pending (CLI default)": ({"status": "pending_review"}, ""),
@@ -514,6 +516,7 @@ async def letters_child(a: argparse.Namespace) -> dict[str, Any]:
         }.items():
             flt = dl.Filter(**kw).check()
             params = {**flt.params(apps["big"].db, None), "before": None, "limit": 50}
+            sql = apps["big"].db.sql[flt.search_query("postgresql")]  # type: ignore[attr-defined]
             out[name]["big"]["plan"] = plan_summary(conn, sql, params)
     cli: dict[str, float] = {}
     for label, url in (("small", a.small_url), ("big", a.big_url)):
