@@ -16,7 +16,7 @@ import pytest
 from jobfence import deadletters as dl
 from jobfence.sql import queries
 
-from ..helpers import query, table
+from ..helpers import table
 from .conftest import letter_params, opened, seed_letters
 
 BASE = datetime(2026, 6, 1, tzinfo=UTC)
@@ -39,14 +39,14 @@ async def seed_scrambled(url: str, n: int) -> dict[int, tuple[datetime, str]]:
     random.Random(16).shuffle(minutes)
     p = "%s" if dialect == "postgresql" else "?"
     out = {}
-    for letter_id, minute, queue in zip(ids, minutes, queues, strict=True):
-        when = BASE + timedelta(minutes=minute)
-        await query(
-            url,
-            f"UPDATE {table(url, 'dead_letters')} SET failed_at = {p} WHERE id = {p}",
-            (at(url, when), letter_id),
-        )
-        out[letter_id] = (when, queue)
+    async with opened(url) as db, db.transaction() as tx:
+        for letter_id, minute, queue in zip(ids, minutes, queues, strict=True):
+            when = BASE + timedelta(minutes=minute)
+            await tx.execute(
+                f"UPDATE {table(url, 'dead_letters')} SET failed_at = {p} WHERE id = {p}",
+                (at(url, when), letter_id),
+            )
+            out[letter_id] = (when, queue)
     return out
 
 
