@@ -158,7 +158,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
     async def main() -> T:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGUSR1, logs.dump_tasks)
+        try:
+            loop.add_signal_handler(signal.SIGUSR1, logs.dump_tasks)
+        except (ValueError, RuntimeError):  # not the main thread (a command run from a thread)
+            return await coro
         try:
             return await coro
         finally:
