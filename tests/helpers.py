@@ -95,7 +95,19 @@ class RunningWorker:
     async def __aexit__(self, *exc: object) -> None:
         self.worker.request_stop()
         assert self.task is not None
-        await asyncio.wait_for(self.task, timeout=60)
+        done, _ = await asyncio.wait([self.task], timeout=60)
+        if not done:
+            # say where it hangs (every task of the loop and the line it waits on), then stop it
+            import io
+
+            report = io.StringIO()
+            for task in sorted(asyncio.all_tasks(), key=lambda t: t.get_name()):
+                report.write(f"--- {task.get_name()}\n")
+                task.print_stack(limit=12, file=report)
+            self.worker.force_stop()
+            await asyncio.wait([self.task], timeout=15)
+            raise AssertionError(f"the worker did not stop within 60 s:\n{report.getvalue()}")
+        self.task.result()
 
     @property
     def stats(self) -> Any:
