@@ -1,0 +1,72 @@
+"""An app that is not open enqueues on its own and lets the process exit (issue 23).
+
+The README's "enqueue from code — on its own" (`await app.enqueue(...)` without
+`async with app:`) connects for that one call and closes what it opened before returning: on
+SQLite it used to leave aiosqlite's (non-daemon) connection thread behind, and the script
+never exited. Each test runs the snippet as a real process and bounds the wait on it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from jobfence import App
+from tests.helpers import query
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    import jobfence
+
+    app = jobfence.App(sys.argv[1])
+
+
+    async def main() -> None:
+        await app.enqueue("points.credit", {"member_id": "m-1", "points": 40}, job_id="order-42")
+        await app.enqueue("points.credit", {"member_id": "m-2", "points": 7}, job_id="order-43")
+        print("enqueued", app.is_open)
+
+
+    asyncio.run(main())
+    asyncio.run(main())  # a second event loop: nothing of the first one's call is reused
+    """
+)
+
+
+def jobs_table(url: str) -> str:
+    return "core_jobs" if url.startswith("sqlite") else "core.jobs"
+
+
+def run_script(url: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", SCRIPT, url], capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"the enqueue script did not exit within 30 s: {exc.stdout!r} {exc.stderr!r}"
+        ) from None
+
+
+async def test_a_script_that_enqueues_exits(database_url: str) -> None:
+    done = run_script(database_url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["enqueued False", "enqueued False"]
+    rows = await query(database_url, f"SELECT job_id FROM {jobs_table(database_url)} ORDER BY job_id")
+    assert [r[0] for r in rows] == ["order-42", "order-42", "order-43", "order-43"]
+
+
+async def test_an_open_app_keeps_its_connection_and_a_closed_one_opens_per_call(
+    database_url: str,
+) -> None:
+    app = App(database_url)
+    await app.enqueue("q", {"n": 1}, job_id="one")
+    assert not app.is_open  # the call closed what it opened
+    async with app:
+        db = app.db
+        await app.enqueue("q", {"n": 2}, job_id="two")
+        assert app.db is db  # an open app enqueues on its own pool
+    rows = await query(database_url, f"SELECT job_id FROM {jobs_table(database_url)} ORDER BY job_id")
+    assert [r[0] for r in rows] == ["one", "two"]
