@@ -93,3 +93,10 @@ SELECT count(*) AS deleted, max(expires_at) AS last FROM deleted
 -- name: cleanup_due
 SELECT EXISTS (SELECT 1 FROM core.processed_jobs
                WHERE expires_at <= coalesce(%(now)s::timestamptz, now())) AS due
+
+-- name: fence_find
+-- The fence rows of one job_id among the given consumers (a job looked up by its job_id
+-- that is no longer queued: finished, and when). One primary-key probe per consumer.
+SELECT consumer, processed_at, expires_at FROM core.processed_jobs
+WHERE consumer = ANY(%(consumers)s) AND job_id = %(job_id)s
+ORDER BY processed_at, consumer
