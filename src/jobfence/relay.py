@@ -230,8 +230,7 @@ class Relay:
         return self._task
 
     async def stop(self, *, force: bool = False) -> RelayStats:
-        """Stop a relay started with :meth:`start` after its current round (``force``: now,
-        see :meth:`force_stop`)."""
+        """Stop a :meth:`start`-ed relay after its round (``force``: now, :meth:`force_stop`)."""
         if force:
             self.force_stop()
         self.request_stop()
@@ -243,6 +242,7 @@ class Relay:
         """Publish until :meth:`request_stop` (or SIGTERM/SIGINT with signal handlers)."""
         self.health = Health("relay")
         register(self.health)
+        opened_here = not self.app.is_open  # then closed at the end: the process can exit
         try:
             await self.app.open()
         except BaseException:
@@ -277,7 +277,6 @@ class Relay:
                     raise
         finally:
             self._round = None
-
             self.health.draining = True
             unregister(self.health)
             RELAYS.dec()
@@ -301,6 +300,8 @@ class Relay:
                     "forced": self._forced,
                 },
             )
+            if opened_here:
+                await self.app.close()
         return self.stats
 
     async def _rounds(self, listener: asyncio.Task[None] | None) -> None:

@@ -204,6 +204,9 @@ class Worker:
     async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
         app = self.app
         register(self.health)
+        # an app the worker opened is closed when it stops: nothing it opened (SQLite's
+        # connection thread, a pool) outlives it or keeps the process from exiting
+        opened_here = not app.is_open
         try:
             await app.open(pool_size=self.concurrency + 4)
         except BaseException:
@@ -273,6 +276,8 @@ class Worker:
                 "worker stopped",
                 extra={"handled": self.stats.handled, "cancelled": self.cancelled},
             )
+            if opened_here:
+                await app.close()
         return self.stats
 
     async def _loop(self, harness: Harness) -> None:
