@@ -54,7 +54,9 @@ async def test_a_script_that_enqueues_exits(database_url: str) -> None:
     done = run_script(database_url)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["enqueued False", "enqueued False"]
-    rows = await query(database_url, f"SELECT job_id FROM {jobs_table(database_url)} ORDER BY job_id")
+    rows = await query(
+        database_url, f"SELECT job_id FROM {jobs_table(database_url)} ORDER BY job_id"
+    )
     assert [r[0] for r in rows] == ["order-42", "order-42", "order-43", "order-43"]
 
 
@@ -68,5 +70,7 @@ async def test_an_open_app_keeps_its_connection_and_a_closed_one_opens_per_call(
         db = app.db
         await app.enqueue("q", {"n": 2}, job_id="two")
         assert app.db is db  # an open app enqueues on its own pool
-    rows = await query(database_url, f"SELECT job_id FROM {jobs_table(database_url)} ORDER BY job_id")
+    rows = await query(
+        database_url, f"SELECT job_id FROM {jobs_table(database_url)} ORDER BY job_id"
+    )
     assert [r[0] for r in rows] == ["one", "two"]
