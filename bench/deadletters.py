@@ -35,7 +35,7 @@ from rich.table import Table
 from jobfence import App, Job, Observer, Tx, replays
 from jobfence import deadletters as dl
 from jobfence.cleanup import cleanup_fences
-from jobfence.fence import DEFAULT_FENCE_TTL, claim_tx
+from jobfence.core.fence import DEFAULT_FENCE_TTL, claim_tx
 from jobfence.maintenance import Maintenance
 from jobfence.store import Store
 

@@ -22,7 +22,7 @@ from jobfence import (
     Tx,
     deadletters,
 )
-from jobfence.jobs import Delivery
+from jobfence.core.jobs import Delivery
 
 from .helpers import RunningWorker, credit, eventually, query
 

@@ -92,8 +92,8 @@ async def test_payload_over_the_limit_is_kept_truncated_and_says_so(database_url
 
 async def test_same_delivery_dead_lettered_twice_keeps_one_letter(database_url: str) -> None:
     """Writing a dead letter is idempotent: a second write for the same pending job is absorbed."""
+    from jobfence.core.jobs import Delivery
     from jobfence.errors import Category
-    from jobfence.jobs import Delivery
     from jobfence.letters import write as write_letter
 
     app = App(database_url, auto_migrate=True)

@@ -26,7 +26,7 @@ from jobfence import (
     Tx,
     deadletters,
 )
-from jobfence.jobs import Delivery
+from jobfence.core.jobs import Delivery
 from jobfence.letters import get_letter
 
 from .conftest import create_pg_database, drop_pg_database, pg_url

@@ -6,6 +6,8 @@ letters that people can read, replay and discard.
 """
 
 from .app import App
+from .core.jobs import AttemptRecord, Delivery, Job
+from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx
 from .deadletters import Actor
 from .deadletters import discard as discard_dead_letter
@@ -36,12 +38,10 @@ from .errors import (
     ValidationError,
     classify,
 )
-from .jobs import AttemptRecord, Delivery, Job
 from .letters import DeadLetter
 from .observers import Observer
 from .outbox import OutboxEvent
 from .relay import Relay
-from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import OutgoingJob
 from .transports import Transport
 from .worker import Worker

@@ -11,8 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import fence, tracing
-from .codec import Decoder, Schema, encode
+from . import tracing
 from .config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_BATCH_WINDOW,
@@ -21,20 +20,22 @@ from .config import (
     parse_database_url,
     same_database,
 )
+from .core import fence
+from .core.codec import Decoder, Schema, encode
+from .core.fence import DEFAULT_FENCE_TTL
+from .core.jobs import check_job_id, check_queue, check_utf8
+from .core.leases import default_holder
+from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
 from .db.adopt import adopt_async, connect_sync
 from .errors import ConfigurationError, EnqueueError, extra_needed
-from .fence import DEFAULT_FENCE_TTL
 from .harness import Consumer, Handler
 from .hosted import wants_session
-from .jobs import check_job_id, check_queue, check_utf8
-from .leases import default_holder
 from .letters import DEFAULT_PAYLOAD_LIMIT
 from .logs import LogObserver
 from .maintenance import Maintenance
 from .metrics import MetricsObserver
 from .observers import Observer, Observers
-from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import OutgoingJob, Store
 from .transports import Transport, broker_from_url, check_payload_sizes, is_broker_url
 from .transports.database import (

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from .core.leases import Lease, default_holder
 from .db import Database, Tx
-from .leases import Lease, default_holder
 from .metrics import CLEANUP_FAILURES, CLEANUP_SUCCEEDED, FENCES_DELETED
 
 log = logging.getLogger("jobfence.cleanup")

@@ -29,8 +29,12 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from . import fence, group_commit, hosted, letters
-from .codec import Decoder
+from . import group_commit, hosted, letters
+from .core import fence
+from .core.codec import Decoder
+from .core.fence import FenceOutcome
+from .core.jobs import Delivery, Job
+from .core.retry import Decision, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, current_tx
 from .errors import (
     Category,
@@ -42,12 +46,9 @@ from .errors import (
     error_code,
     trace_of,
 )
-from .fence import FenceOutcome
 from .group_commit import Outcome as Outcome  # re-exported: the outcome of a delivery
-from .jobs import Delivery, Job
 from .letters import DEFAULT_PAYLOAD_LIMIT
 from .observers import Observers
-from .retry import Decision, RetryPolicy
 from .tracing import Tracing
 from .transports import Transport
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from .core.fence import FenceOutcome, outcome
 from .db import Row
-from .fence import FenceOutcome, outcome
 
 
 class HostedWork(Protocol):

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from .core.jobs import AttemptRecord, check_queue, history_from, history_json
 from .db import Database, Tx, to_datetime
 from .deadletters import (
     ALL_STATUSES,
@@ -50,7 +51,6 @@ from .deadletters import (
     record,
 )
 from .errors import InvalidRequest, NotFound, ReviewConflict
-from .jobs import AttemptRecord, check_queue, history_from, history_json
 from .letters import payload_view
 
 JOB_STATES = ("waiting", "running", "retrying")

@@ -13,8 +13,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from .core.jobs import Delivery, Job
 from .errors import Category
-from .jobs import Delivery, Job
 from .observers import Observer
 
 PROCESSED = Counter("jobfence_jobs_processed", "Jobs whose work committed.", ["queue", "consumer"])

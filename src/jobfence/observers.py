@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from .core.jobs import Delivery, Job
 from .errors import Category
-from .jobs import Delivery, Job
 
 log = logging.getLogger("jobfence.observers")
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
+from .core.retry import RetryPolicy
 from .db import Database, Tx
 from .errors import Category, ConfigurationError, classify, describe, error_code
 from .health import Health, register, unregister
@@ -39,7 +40,6 @@ from .outbox import (  # also importable from here
     RelayStats,
     cleanup,
 )
-from .retry import RetryPolicy
 
 if TYPE_CHECKING:
     from .app import App

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from .core.leases import default_holder
 from .db import Database, Tx, to_datetime
 from .deadletters import (
     Actor,
@@ -36,7 +37,6 @@ from .deadletters import (
     shares_transaction,
 )
 from .errors import InvalidRequest, NotFound, ReviewConflict
-from .leases import default_holder
 from .transports import Transport
 
 MAX_BULK = 100_000

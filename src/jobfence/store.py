@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .core.jobs import partner_of
 from .db import Database, Tx
 from .db.adopt import SyncConnection
 from .errors import SchemaError
-from .jobs import partner_of
 from .sql import DEFAULT_SCHEMA, Dialect, migrations
 
 #: from this many jobs on, a bulk enqueue on PostgreSQL uses COPY instead of batched INSERTs

@@ -37,8 +37,8 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .core.jobs import Delivery, Job, trace_context_of, trace_headers
 from .errors import Category
-from .jobs import Delivery, Job, trace_context_of, trace_headers
 from .observers import Observer
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
+from .core.jobs import Delivery
 from .harness import Harness, Outcome
 from .health import Health, register, unregister
-from .jobs import Delivery
 from .maintenance import housekeeping
 from .metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
 from .threads import DaemonThreadPool

@@ -15,8 +15,8 @@ from typing import Any
 import pydantic
 
 from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx, deadletters
+from jobfence.core.jobs import AttemptRecord
 from jobfence.harness import Outcome
-from jobfence.jobs import AttemptRecord
 from jobfence.letters import get_letter
 
 from ..helpers import RunningWorker, eventually, scalar, table

@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from jobfence import Job, RetryPolicy, Tx, deadletters
-from jobfence.jobs import Delivery
+from jobfence.core.jobs import Delivery
 from jobfence.letters import get_letter
 from jobfence.transports.rabbitmq import RabbitMQTransport, delay_bucket
 

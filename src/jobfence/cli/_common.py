@@ -24,7 +24,7 @@ from rich.table import Table
 from .. import letters, logs
 from ..app import App
 from ..config import ENV_DATABASE_URL, ENV_SCHEMA, ENV_TRANSPORT_URL
-from ..jobs import AttemptRecord
+from ..core.jobs import AttemptRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")

@@ -15,9 +15,9 @@ from rich.table import Table
 
 from .. import deadletters as service
 from ..app import DEFAULT_LEASE
+from ..core.fence import exposure as fence_exposure
+from ..core.retry import DEFAULT_POLICY
 from ..errors import require_extra
-from ..fence import exposure as fence_exposure
-from ..retry import DEFAULT_POLICY
 from ._common import (
     POSITIVE,
     Duration,

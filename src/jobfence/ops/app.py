@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from ..app import App
-from ..leases import default_holder
+from ..core.leases import default_holder
 from . import models
 from .auth import Principal
 from .body_limit import DEFAULT_MAX_BODY, BodyLimit

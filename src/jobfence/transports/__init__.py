@@ -15,9 +15,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 
+from ..core.jobs import Delivery
 from ..db import Database, Tx
 from ..errors import Category, ConfigurationError, EnqueueError, extra_needed
-from ..jobs import Delivery
 from ..store import OutgoingJob
 
 MiB = 1024 * 1024
