@@ -40,8 +40,8 @@ from rich.table import Table
 
 from jobfence.config import parse_database_url
 from jobfence.db import Database, connect
-from jobfence.health import Health
 from jobfence.metrics import HANDLER_SECONDS, HEARTBEAT, PROCESSED, READY, WORKER_INFLIGHT
+from jobfence.runtime.health import Health
 from jobfence.stats import refresh_gauges
 from jobfence.store import Store
 

@@ -10,8 +10,8 @@ import pydantic
 import pytest
 
 from jobfence import App, Job, RetryPolicy, TemporaryError, Tx, deadletters
-from jobfence.harness import Outcome
 from jobfence.letters import get_letter
+from jobfence.runtime.harness import Outcome
 
 from .helpers import RunningWorker, credit, eventually, query, scalar, table
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from jobfence import App, Job, NonRetryableError, RetryPolicy, TemporaryError, Tx, deadletters
-from jobfence.harness import Outcome
+from jobfence.runtime.harness import Outcome
 
 from .helpers import (
     RunningWorker,

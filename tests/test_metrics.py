@@ -14,13 +14,13 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 import jobfence.alerts.dispatcher
-import jobfence.cleanup
-import jobfence.health
 import jobfence.relay
+import jobfence.runtime.cleanup
+import jobfence.runtime.health
 from jobfence import App, outbox
-from jobfence.cleanup import cleanup_loop
 from jobfence.deadletters import Actor
 from jobfence.jobctl import pause_queue
+from jobfence.runtime.cleanup import cleanup_loop
 from jobfence.stats import GaugesFailed, refresh_gauges
 
 from .helpers import eventually

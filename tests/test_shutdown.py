@@ -307,10 +307,10 @@ def spawn_relay(url: str) -> subprocess.Popen[str]:
 
 
 def test_the_handler_threads_are_daemons_and_bounded() -> None:
-    """jobfence.threads: results and errors come back; at most ``max_workers`` threads, all
+    """jobfence.runtime.threads: results and errors come back; at most ``max_workers`` threads, all
     daemons; ``shutdown(wait=False)`` does not wait for a blocked thread, and
     ``cancel_futures`` cancels what never started."""
-    from jobfence.threads import DaemonThreadPool
+    from jobfence.runtime.threads import DaemonThreadPool
 
     pool = DaemonThreadPool(2)
     assert pool.submit(lambda a, b: a + b, 2, b=3).result(timeout=5) == 5

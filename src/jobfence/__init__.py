@@ -42,9 +42,9 @@ from .letters import DeadLetter
 from .observers import Observer
 from .outbox import OutboxEvent
 from .relay import Relay
+from .runtime.worker import Worker
 from .store import OutgoingJob
 from .transports import Transport
-from .worker import Worker
 
 __version__ = "0.1.0.dev0"
 

@@ -29,7 +29,6 @@ from prometheus_client import Counter
 from .core.retry import RetryPolicy
 from .db import Database, Tx
 from .errors import Category, ConfigurationError, classify, describe, error_code
-from .health import Health, register, unregister
 from .metrics import RELAYS
 from .outbox import (  # also importable from here
     DEFAULT_RETENTION,
@@ -40,6 +39,7 @@ from .outbox import (  # also importable from here
     RelayStats,
     cleanup,
 )
+from .runtime.health import Health, register, unregister
 
 if TYPE_CHECKING:
     from .app import App
@@ -143,7 +143,7 @@ class Relay:
         self._forced = False
         self._round: asyncio.Task[None] | None = None
 
-        #: what /livez and /readyz report for this relay (jobfence.health)
+        #: what /livez and /readyz report for this relay (jobfence.runtime.health)
         self.health = Health("relay")
 
     @property

@@ -1,7 +1,7 @@
 """The store: schema migrations (apply, check the version) and enqueue into the database
 queue (one job, a batch — COPY on PostgreSQL — or in the caller's transaction).
 
-The fence is :mod:`jobfence.fence`, dead letters :mod:`jobfence.letters`; every module runs
+The fence is :mod:`jobfence.core.fence`, dead letters :mod:`jobfence.letters`; every module runs
 its own aggregate's named queries (``sql/<dialect>/queries*.sql``).
 """
 
@@ -30,7 +30,7 @@ class OutgoingJob:
     payload: bytes
     correlation_id: str | None = None
     delay: float = 0.0  # seconds
-    #: the W3C trace context it travels with (:func:`jobfence.jobs.trace_context_of`)
+    #: the W3C trace context it travels with (:func:`jobfence.core.jobs.trace_context_of`)
     trace_context: str | None = None
 
     def params(self) -> dict[str, Any]:

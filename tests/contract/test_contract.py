@@ -16,8 +16,8 @@ import pydantic
 
 from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx, deadletters
 from jobfence.core.jobs import AttemptRecord
-from jobfence.harness import Outcome
 from jobfence.letters import get_letter
+from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, eventually, scalar, table
 from .support import (

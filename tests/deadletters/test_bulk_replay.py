@@ -12,7 +12,7 @@ import pytest
 
 from jobfence import App, Job, ReviewConflict, Tx, replays
 from jobfence import deadletters as dl
-from jobfence.maintenance import Maintenance
+from jobfence.runtime.maintenance import Maintenance
 from jobfence.transports.database import DatabaseQueue
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table

@@ -13,7 +13,7 @@ import pytest
 from jobfence import App, Job, NonRetryableError, RetryPolicy, ReviewConflict, Tx
 from jobfence import deadletters as dl
 from jobfence import stats as counts
-from jobfence.harness import Outcome
+from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table
 from .conftest import letter_params, opened, seed_letters

@@ -26,7 +26,7 @@ from jobfence import (
     outbox,
 )
 from jobfence.deadletters import Actor
-from jobfence.harness import Outcome
+from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, eventually, query, scalar, table
 from .orm_app import Credit, build, create_tables, engine_url

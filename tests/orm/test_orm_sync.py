@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from jobfence import App, BusinessError, ConfigurationError, Job, TemporaryError, deadletters
 from jobfence.deadletters import Actor
-from jobfence.harness import Outcome
+from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, eventually, scalar, table
 from .orm_app import Base, Credit, build_sync

@@ -25,8 +25,8 @@ import psycopg
 import pytest
 
 from jobfence import App, EnqueueError, Job, RetryPolicy, Tx, outbox
-from jobfence.harness import Outcome
 from jobfence.relay import Relay
+from jobfence.runtime.harness import Outcome
 
 from ..conftest import create_pg_database, drop_pg_database, pg_url
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table, wait_until

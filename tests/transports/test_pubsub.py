@@ -18,8 +18,8 @@ import pytest
 from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx, deadletters
 from jobfence.core.jobs import AttemptRecord, Delivery
 from jobfence.errors import ConfigurationError
-from jobfence.harness import Outcome
 from jobfence.letters import get_letter
+from jobfence.runtime.harness import Outcome
 from jobfence.transports._broker import Meta
 from jobfence.transports.pubsub import (
     ATTRIBUTE_BYTES,

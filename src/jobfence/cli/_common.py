@@ -336,10 +336,10 @@ def metrics_options(func: F) -> F:
 
 
 def serve_probes(port: int | None, host: str, liveness_timeout: timedelta) -> None:
-    """Start the metrics and health server (:func:`jobfence.health.serve`) when asked to."""
+    """Start the metrics and health server (:func:`jobfence.runtime.health.serve`) when asked to."""
     if not port:
         return
-    from ..health import serve
+    from ..runtime.health import serve
 
     try:
         serve(port, host, liveness_timeout=liveness_timeout.total_seconds())

@@ -89,7 +89,7 @@ def cleanup(
     letter pending review (or replayed recently), or while that job is still retrying.
     """
     from .. import logs
-    from ..cleanup import cleanup_fences, cleanup_loop
+    from ..runtime.cleanup import cleanup_fences, cleanup_loop
 
     logs.configure(log_level, log_format)
     age = min_age if min_age is not None else fence_exposure(DEFAULT_POLICY, DEFAULT_LEASE)

@@ -1,6 +1,6 @@
 """The queue port: what the harness needs from any queue, database-backed or broker.
 
-A transport hands over :class:`~jobfence.jobs.Delivery` objects and is told, after the work
+A transport hands over :class:`~jobfence.core.jobs.Delivery` objects and is told, after the work
 transaction has committed (or failed), what happened to each. Semantics live in the harness;
 an adapter only moves messages.
 
