@@ -32,9 +32,10 @@ from growth_tables import seed_fences
 from rich.console import Console
 from rich.table import Table
 
-from jobfence import App, Job, Observer, Tx, replays
-from jobfence import deadletters as dl
+from jobfence import App, Job, Observer, Tx
 from jobfence.core.fence import DEFAULT_FENCE_TTL, claim_tx
+from jobfence.review import deadletters as dl
+from jobfence.review import replays
 from jobfence.runtime.cleanup import cleanup_fences
 from jobfence.runtime.maintenance import Maintenance
 from jobfence.store import Store

@@ -10,9 +10,9 @@ interleaved rounds (so the machine's drift hits both alike) and prints one JSON 
     python bench/growth_tables.py fences  SMALL_URL BIG_URL --big 10000000
 
 ``letters``: the first page (50, the default) of the service functions behind
-``jobfence dead-letters list`` (:func:`jobfence.deadletters.letters`) and the ops API's search
-(:func:`jobfence.deadletters.search`) with each filter they offer, and ``GET /v1/dead-letters``
-of the ops API served by uvicorn on 127.0.0.1 (a socket from
+``jobfence dead-letters list`` (:func:`jobfence.review.deadletters.letters`) and the ops API's
+search (:func:`jobfence.review.deadletters.search`) with each filter they offer, and
+``GET /v1/dead-letters`` of the ops API served by uvicorn on 127.0.0.1 (a socket from
 :func:`jobfence.http.tcp_listen_socket`); p50/p99 per round; each first page is checked
 against an independent query (ids, order, count), and the big database's plan of each
 search is read with EXPLAIN ANALYZE (seq scans, sorts, rows read). ``fences``: the harness's
@@ -412,10 +412,10 @@ async def letters_child(a: argparse.Namespace) -> dict[str, Any]:
     import uvicorn
 
     from jobfence import App
-    from jobfence import deadletters as dl
     from jobfence.http import tcp_listen_socket
     from jobfence.ops.app import create_app
     from jobfence.ops.auth import create_token
+    from jobfence.review import deadletters as dl
 
     seed_s: dict[str, float] = {}
     apps: dict[str, App] = {}

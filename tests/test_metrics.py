@@ -18,10 +18,10 @@ import jobfence.relay
 import jobfence.runtime.cleanup
 import jobfence.runtime.health
 from jobfence import App, outbox
-from jobfence.deadletters import Actor
-from jobfence.jobctl import pause_queue
+from jobfence.review.deadletters import Actor
+from jobfence.review.jobctl import pause_queue
+from jobfence.review.stats import GaugesFailed, refresh_gauges
 from jobfence.runtime.cleanup import cleanup_loop
-from jobfence.stats import GaugesFailed, refresh_gauges
 
 from .helpers import eventually
 

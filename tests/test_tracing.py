@@ -26,10 +26,10 @@ from opentelemetry.trace import SpanKind
 
 from jobfence import App, Job, TemporaryError, Tx, ValidationError, list_dead_letters
 from jobfence.core.jobs import trace_context_of, trace_headers
-from jobfence.deadletters import Actor, replay
 from jobfence.http import IdempotencyMiddleware
 from jobfence.outbox import write as outbox_write
 from jobfence.relay import Relay
+from jobfence.review.deadletters import Actor, replay
 from jobfence.tracing import TraceIds
 from jobfence_examples.points import DEMO_POLICY, Credit
 from tests.contract.support import Target, cleanup, make_target

@@ -238,8 +238,8 @@ async def deadletters(url: str, n: int) -> None:
     """Bulk replay of ``n`` pending dead letters with the service functions the CLI and the
     ops API use (preview, then run), timed from confirming to done; verifies that ``n`` jobs
     were republished and every letter is marked replayed."""
-    from jobfence import deadletters as dl
-    from jobfence import replays
+    from jobfence.review import deadletters as dl
+    from jobfence.review import replays
 
     app = make_app(url)
     async with app:

@@ -9,9 +9,6 @@ from .app import App
 from .core.jobs import AttemptRecord, Delivery, Job
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx
-from .deadletters import Actor
-from .deadletters import discard as discard_dead_letter
-from .deadletters import letters as list_dead_letters
 from .errors import (
     AuthenticationError,
     AuthorizationError,
@@ -38,10 +35,13 @@ from .errors import (
     ValidationError,
     classify,
 )
-from .letters import DeadLetter
 from .observers import Observer
 from .outbox import OutboxEvent
 from .relay import Relay
+from .review.deadletters import Actor
+from .review.deadletters import discard as discard_dead_letter
+from .review.deadletters import letters as list_dead_letters
+from .review.letters import DeadLetter
 from .runtime.worker import Worker
 from .store import OutgoingJob
 from .transports import Transport

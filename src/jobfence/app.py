@@ -29,10 +29,10 @@ from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
 from .db.adopt import adopt_async, connect_sync
 from .errors import ConfigurationError, EnqueueError, extra_needed
-from .letters import DEFAULT_PAYLOAD_LIMIT
 from .logs import LogObserver
 from .metrics import MetricsObserver
 from .observers import Observer, Observers
+from .review.letters import DEFAULT_PAYLOAD_LIMIT
 from .runtime.harness import Consumer, Handler
 from .runtime.hosted import wants_session
 from .runtime.maintenance import Maintenance

@@ -42,7 +42,7 @@ HANDLER_SECONDS = Histogram(
 )
 
 # Gauges read from the database (refreshed by workers' maintenance and by the ops API's
-# /metrics; see jobfence.stats.refresh_gauges).
+# /metrics; see jobfence.review.stats.refresh_gauges).
 PENDING_REVIEW = Gauge(
     "jobfence_dead_letters_pending_review",
     "Dead letters waiting for a person to replay or discard them.",

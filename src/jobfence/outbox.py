@@ -325,8 +325,8 @@ async def redrive(
     audit log (``outbox.redrive``). Returns the event ids re-driven; events in another state
     are left alone, so repeating a re-drive is harmless (and audits nothing).
     """
-    from .deadletters import Actor, record
     from .errors import ReviewConflict
+    from .review.deadletters import Actor, record
 
     who = Actor(actor, via)
     if not isinstance(reason, str) or not reason.strip():

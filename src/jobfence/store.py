@@ -1,8 +1,8 @@
 """The store: schema migrations (apply, check the version) and enqueue into the database
 queue (one job, a batch — COPY on PostgreSQL — or in the caller's transaction).
 
-The fence is :mod:`jobfence.core.fence`, dead letters :mod:`jobfence.letters`; every module runs
-its own aggregate's named queries (``sql/<dialect>/queries*.sql``).
+The fence is :mod:`jobfence.core.fence`, dead letters :mod:`jobfence.review.letters`; every
+module runs its own aggregate's named queries (``sql/<dialect>/queries*.sql``).
 """
 
 from __future__ import annotations

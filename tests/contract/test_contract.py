@@ -14,9 +14,10 @@ from typing import Any
 
 import pydantic
 
-from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx, deadletters
+from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx
 from jobfence.core.jobs import AttemptRecord
-from jobfence.letters import get_letter
+from jobfence.review import deadletters
+from jobfence.review.letters import get_letter
 from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, eventually, scalar, table

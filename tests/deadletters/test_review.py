@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from jobfence import App, Job, NonRetryableError, RetryPolicy, ReviewConflict, Tx
-from jobfence import deadletters as dl
-from jobfence import stats as counts
+from jobfence.review import deadletters as dl
+from jobfence.review import stats as counts
 from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table

@@ -13,11 +13,11 @@ from typing import Any
 import click
 from rich.table import Table
 
-from .. import deadletters as service
 from ..app import DEFAULT_LEASE
 from ..core.fence import exposure as fence_exposure
 from ..core.retry import DEFAULT_POLICY
 from ..errors import require_extra
+from ..review import deadletters as service
 from ._common import (
     POSITIVE,
     Duration,

@@ -1,4 +1,4 @@
-"""The ops HTTP API (SPEC K3): FastAPI over :mod:`jobfence.deadletters`, for operators.
+"""The ops HTTP API (SPEC K3): FastAPI over :mod:`jobfence.review.deadletters`, for operators.
 
 Every route but ``/healthz`` needs a bearer token (``jobfence ops token create``); write
 routes need the ``operator`` role; a partner-scoped token sees only its partner's letters and

@@ -18,11 +18,11 @@ from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .. import letters
 from ..core import fence
 from ..core.jobs import Delivery, Job
 from ..db import BatchLost, Tx
 from ..errors import error_code
+from ..review import letters
 
 if TYPE_CHECKING:
     from .harness import Consumer, Harness

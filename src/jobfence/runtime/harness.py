@@ -29,7 +29,6 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from .. import letters
 from ..core import fence
 from ..core.codec import Decoder
 from ..core.fence import FenceOutcome
@@ -46,8 +45,9 @@ from ..errors import (
     error_code,
     trace_of,
 )
-from ..letters import DEFAULT_PAYLOAD_LIMIT
 from ..observers import Observers
+from ..review import letters
+from ..review.letters import DEFAULT_PAYLOAD_LIMIT
 from ..tracing import Tracing
 from ..transports import Transport
 from . import hosted

@@ -13,7 +13,7 @@ from datetime import timedelta
 from ..alerts import AlertDispatcher, AlertSink, sinks_from_env
 from ..db import Database
 from ..errors import ConfigurationError
-from ..stats import refresh_gauges
+from ..review.stats import refresh_gauges
 from .cleanup import DEFAULT_BATCH, DEFAULT_INTERVAL, cleanup_loop
 
 log = logging.getLogger("jobfence.maintenance")
