@@ -275,7 +275,7 @@ async def test_a_second_signal_stops_a_relay_stuck_in_its_round(pg_database: str
     assert any(e.startswith("second signal: stopping the relay now") for e in said), said
     assert await query(pg_database, "SELECT state FROM core.outbox") == [("PENDING",)]
     async with App(pg_database) as app:
-        from jobfence.relay import Relay
+        from jobfence.outbox.relay import Relay
 
         assert await Relay(app).run_once() == 1
     assert await query(pg_database, "SELECT job_id FROM core.jobs") == [("evt-stuck",)]

@@ -28,7 +28,7 @@ from jobfence import App, Job, TemporaryError, Tx, ValidationError, list_dead_le
 from jobfence.core.jobs import trace_context_of, trace_headers
 from jobfence.http import IdempotencyMiddleware
 from jobfence.outbox import write as outbox_write
-from jobfence.relay import Relay
+from jobfence.outbox.relay import Relay
 from jobfence.review.deadletters import Actor, replay
 from jobfence.tracing import TraceIds
 from jobfence_examples.points import DEMO_POLICY, Credit

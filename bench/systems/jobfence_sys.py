@@ -276,7 +276,7 @@ async def outbox_relay(url: str, n: int, batch: int | None) -> None:
     database queue; timed from the relay's start to the last event marked published;
     verifies ``n`` jobs in the queue."""
     from jobfence import outbox
-    from jobfence.relay import Relay
+    from jobfence.outbox.relay import Relay
 
     app = make_app(url)
     async with app:

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from jobfence import App, EnqueueError, Job, RetryPolicy, Tx, outbox
-from jobfence.relay import Relay
+from jobfence.outbox.relay import Relay
 from jobfence.runtime.harness import Outcome
 
 from ..conftest import create_pg_database, drop_pg_database, pg_url
@@ -167,7 +167,7 @@ RELAY_SCRIPT = textwrap.dedent(
     import asyncio, pathlib, sys
     from datetime import timedelta
     from jobfence import App
-    from jobfence.relay import Relay, RelayObserver
+    from jobfence.outbox.relay import Relay, RelayObserver
 
     class HoldAfterPublish(RelayObserver):
         async def published(self, events):
