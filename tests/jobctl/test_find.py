@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from jobfence import App, BusinessError, Job, Tx
-from jobfence.deadletters import Actor
 from jobfence.errors import InvalidRequest, NotFound
-from jobfence.jobfind import find_job
 from jobfence.ops.app import create_app
+from jobfence.review.deadletters import Actor
+from jobfence.review.jobfind import find_job
 
 from ..deadletters.conftest import make_tokens, serve
 from ..deadletters.test_cli import jobfence

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from ..db import Database, to_datetime
+from ..errors import InvalidRequest, NotFound
 from . import deadletters as dl
-from .db import Database, to_datetime
-from .errors import InvalidRequest, NotFound
 from .jobctl import JobFilter, list_jobs
 
 __all__ = ["Fence", "fences_of", "find_job"]
