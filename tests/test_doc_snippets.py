@@ -221,7 +221,7 @@ SETUPS: dict[str, Setup] = {
     "app": Setup(prelude=APP + "from datetime import timedelta\ntoken = 'bs-token'\n"),
     "outbox": Setup(
         prelude=APP
-        + "from jobfence.relay import Relay\n"
+        + "from jobfence import Relay\n"
         + "order_id, total, request_id = 'o-1', 12, 'req-1'\n",
         wrap=True,
         files={"orders.sql": "CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER)"},

@@ -619,11 +619,14 @@ def add_dead_letter_rows(pipeline: Table, result: Result) -> None:
 
 
 def dlq_topic(url: str) -> str:
-    """The DLQ topic of the purchase-order queue on the ``pubsub://`` transport ``url``."""
-    from jobfence.transports.pubsub import PubSubTransport
+    """The DLQ topic of the purchase-order queue on the ``pubsub://`` transport ``url``:
+    ``PREFIX.QUEUE.DLQ`` (``?prefix=``, default ``jobfence``; ``?dlq=``, default ``dlq``;
+    docs/transports.md)."""
+    from urllib.parse import parse_qs, urlsplit
 
-    transport = PubSubTransport.from_url(url, lease=timedelta(seconds=30), worker_id="demo")
-    return transport.names(QUEUE).dlq_topic
+    options = parse_qs(urlsplit(url).query)
+    prefix = options.get("prefix", ["jobfence"])[0]
+    return f"{prefix}.{QUEUE}.{options.get('dlq', ['dlq'])[0]}"
 
 
 def print_summary(result: Result, console: Console) -> None:
