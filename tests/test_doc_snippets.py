@@ -142,16 +142,16 @@ def test_every_fragment_names_a_test_that_exists() -> None:
 class Setup:
     """How the blocks marked ``run: NAME`` run.
 
-    ``stores``: the databases they run on, one after the other (``URL`` in Python preludes,
+    ``stores``: the databases they run on, one after the other (``URL`` in Python programs,
     ``$DATABASE_URL`` and ``$JOBFENCE_DATABASE_URL`` in shells; None: no database);
-    ``prelude``: Python run before each Python block (the block is the body of an
-    ``async def`` when ``wrap``); ``shell``: lines before each shell block; ``seed``: awaited
-    once with the database URL before the first block; ``files``: written to the folder
-    first (``.sql``: run on the database); ``check``: awaited after the last block."""
+    ``program``: the Python program each Python block runs in, the block in place of the
+    line ``{BLOCK}`` (indented as that line is); ``shell``: lines before each shell block;
+    ``seed``: awaited once with the database URL before the first block; ``files``: written
+    to the folder first (``.sql``: run on the database); ``check``: awaited after the last
+    block."""
 
     stores: tuple[str | None, ...] = ("sqlite",)
-    prelude: str = ""
-    wrap: bool = False
+    program: str = "{BLOCK}\n"
     shell: str = ""
     seed: Callable[[str], Awaitable[None]] | None = None
     files: dict[str, str] = field(default_factory=dict)
@@ -196,6 +196,8 @@ async def _queue_resumed(url: str, folder: Path) -> None:
 
 
 APP = "from jobfence import App\napp = App(URL)\n"
+#: the block as the body of ``main()``, run with ``asyncio.run``
+IN_MAIN = "import asyncio\n\n\nasync def main():\n    {BLOCK}\n\n\nasyncio.run(main())\n"
 MYAPP = """\
 import jobfence
 
@@ -205,6 +207,34 @@ app = jobfence.App({URL!r})
 @app.consumer("erp.send")
 async def send(job, tx):
     raise jobfence.TemporaryError("ERP down")
+"""
+#: the block as a handler's body: one job through a real worker
+IN_HANDLER = """\
+import asyncio, time
+from jobfence import App
+
+app = App(URL)
+member, points = "m-1", 40
+
+
+@app.consumer("points.credit")
+async def credit(job, tx):
+    {BLOCK}
+
+
+async def main():
+    async with app:
+        await app.enqueue("points.credit", {}, job_id="j-1")
+        worker = app.worker(concurrency=1, poll_interval=0.05)
+        running = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 30
+        while not worker.stats.handled and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        worker.request_stop()
+        await running
+
+
+asyncio.run(main())
 """
 SEED_LETTERS = """
 from tests.deadletters.conftest import letter_params, seed_letters
@@ -218,40 +248,34 @@ SETUPS: dict[str, Setup] = {
     # a Python block that needs nothing but jobfence (and its extras)
     "plain": Setup(stores=(None,)),
     # a block that uses `app` (imports as the page's earlier blocks have them)
-    "app": Setup(prelude=APP + "from datetime import timedelta\ntoken = 'bs-token'\n"),
+    "app": Setup(program=APP + "token = 'bs-token'\n{BLOCK}\n"),
     "outbox": Setup(
-        prelude=APP
+        program=APP
         + "from jobfence import Relay\n"
-        + "order_id, total, request_id = 'o-1', 12, 'req-1'\n",
-        wrap=True,
+        + "order_id, total, request_id = 'o-1', 12, 'req-1'\n"
+        + IN_MAIN,
         files={"orders.sql": "CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER)"},
         check=_outbox_written,
     ),
-    "alerts": Setup(prelude=APP + "event_id = 'e-1'\n", wrap=True, check=_alert_queued),
-    # a handler's tx, on both stores: the same placeholders
+    "alerts": Setup(program=APP + "event_id = 'e-1'\n" + IN_MAIN, check=_alert_queued),
+    # a handler's body, on both stores: the same placeholders
     "handler-tx": Setup(
         stores=("sqlite", "postgresql"),
-        prelude=APP
-        + "from types import SimpleNamespace\n"
-        + "job = SimpleNamespace(job_id='j-1')\nmember, points = 'm-1', 40\n"
-        + "async def main():\n    async with app, app.db.transaction() as tx:\n",
-        wrap=True,
+        program=IN_HANDLER,
         files={"ledger.sql": "CREATE TABLE ledger (member_id TEXT, points INTEGER, job_id TEXT)"},
         check=_ledger_row,
     ),
     "letters-in-code": Setup(
-        prelude=APP + "import asyncio\n" + SEED_LETTERS,
-        wrap=True,
-        check=_letters_reviewed,
+        program=APP + "import asyncio\n" + SEED_LETTERS + IN_MAIN, check=_letters_reviewed
     ),
     "http": Setup(
-        prelude="from datetime import timedelta\nfrom fastapi import FastAPI\n"
+        program="from datetime import timedelta\nfrom fastapi import FastAPI\n"
         + "from jobfence import App\napi = FastAPI()\njobfence_app = App(URL)\n"
-        + "def partner_of(request):\n    return None\n",
+        + "def partner_of(request):\n    return None\n{BLOCK}\n",
     ),
     "sqlalchemy": Setup(
         stores=(None,),
-        prelude=(
+        program=(
             "import jobfence, pydantic\n"
             "from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column\n"
             "class OrderPlaced(pydantic.BaseModel):\n    order_id: int\n"
@@ -260,7 +284,7 @@ SETUPS: dict[str, Setup] = {
             "    id: Mapped[int] = mapped_column(primary_key=True)\n    sku: Mapped[str]\n"
             "class Shipment(Base):\n    __tablename__ = 'shipments'\n"
             "    id: Mapped[int] = mapped_column(primary_key=True)\n"
-            "    order_id: Mapped[int]\n    sku: Mapped[str]\n"
+            "    order_id: Mapped[int]\n    sku: Mapped[str]\n{BLOCK}\n"
         ),
     ),
     # jobfence commands on a queue with a job po-812 that failed once (erp.send), --app myapp:app
@@ -275,12 +299,11 @@ SETUPS: dict[str, Setup] = {
     # shell lines that need nothing
     "shell": Setup(stores=(None,)),
     # a block that uses jobfence's public names as the page's earlier blocks import them
-    "api": Setup(stores=(None,), prelude="from jobfence import *\n"),
+    "api": Setup(stores=(None,), program="from jobfence import *\n{BLOCK}\n"),
     # the README's "enqueue from code": an app that is not open, then the caller's transaction
     "readme-enqueue": Setup(
         stores=("postgresql",),
-        prelude="import jobfence, psycopg\napp = jobfence.App(URL)\nurl = URL\n",
-        wrap=True,
+        program="import jobfence, psycopg\napp = jobfence.App(URL)\nurl = URL\n" + IN_MAIN,
         files={"orders.sql": "CREATE TABLE orders (id TEXT PRIMARY KEY, member_id TEXT)"},
         check=_both_enqueued,
     ),
@@ -346,14 +369,11 @@ def _run(argv: list[str], folder: Path, env: dict[str, str], what: str) -> str:
 
 
 def _python_source(setup: Setup, block: Block, url: str | None) -> str:
-    head = f"URL = {url!r}\n" + setup.prelude
-    if not setup.wrap:
-        return head + block.code
-    if head.rstrip().endswith(":"):  # the prelude opened the block's context itself
-        body = textwrap.indent(block.code, " " * 8)
-        return head + body + "\nimport asyncio\nasyncio.run(main())\n"
-    body = textwrap.indent(block.code, " " * 4)
-    return head + "async def main():\n" + body + "\nimport asyncio\nasyncio.run(main())\n"
+    lines = setup.program.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.strip() == "{BLOCK}"]
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    body = textwrap.indent(block.code, indent).rstrip("\n")
+    return "\n".join([f"URL = {url!r}", *lines[:at], body, *lines[at + 1 :]]) + "\n"
 
 
 async def _prepare(url: str | None, folder: Path, setup: Setup) -> None:
