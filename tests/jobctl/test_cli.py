@@ -65,6 +65,7 @@ def test_jobs_list_show_cancel_and_retry_now(database_url: str, capsys: Capture)
     assert "job 'm-1' is not in the queue" in again[2]
     assert f"dead letter: {letter} (discarded, NON_RETRYABLE_ERROR)" in again[2]
     assert (gone[0], f"no job {ids['m-1']} in the queue" in gone[2]) == (1, True)
+    assert "look it up by its job_id" in gone[2]
     assert (due[0], "already due" in due[2]) == (1, True)
     assert (now[0], now[1].strip()) == (0, f"job m-2 (id {ids['m-2']}) is due now")
     kept = asyncio.run(
