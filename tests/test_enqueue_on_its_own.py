@@ -1,4 +1,5 @@
-"""An app that is not open enqueues on its own and lets the process exit (issue 23).
+"""An app that is not open enqueues on its own and lets the process exit (issue 23); so does a
+worker or a relay that opened the app itself.
 
 The README's "enqueue from code — on its own" (`await app.enqueue(...)` without
 `async with app:`) connects for that one call and closes what it opened before returning: on
@@ -8,12 +9,14 @@ never exited. Each test runs the snippet as a real process and bounds the wait o
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
-from jobfence import App
-from tests.helpers import query
+from jobfence import App, Job, Relay, Tx, outbox
+from tests.helpers import eventually, query
 
 SCRIPT = textwrap.dedent(
     """
@@ -74,3 +77,83 @@ async def test_an_open_app_keeps_its_connection_and_a_closed_one_opens_per_call(
         database_url, f"SELECT job_id FROM {jobs_table(database_url)} ORDER BY job_id"
     )
     assert [r[0] for r in rows] == ["one", "two"]
+
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    import jobfence
+
+    app = jobfence.App(sys.argv[1])
+
+
+    @app.consumer("q")
+    async def handle(job, tx):
+        pass
+
+
+    async def main() -> None:
+        worker = app.worker(poll_interval=0.05)
+        running = asyncio.create_task(worker.run())
+        await app.enqueue("q", {}, job_id="w-1")
+        while not worker.stats.handled:
+            await asyncio.sleep(0.02)
+        worker.request_stop()
+        await running
+        print("handled", worker.stats.handled, app.is_open)
+
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_script_that_runs_a_worker_on_its_own_exits(sqlite_database: str) -> None:
+    """A worker on an app nobody opened opens it and closes it when it stops (SQLite: the
+    connection thread would keep the process alive)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", WORKER_SCRIPT, sqlite_database],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"the worker script did not exit within 30 s: {exc.stderr!r}"
+        ) from None
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "handled 1 False"
+
+
+async def test_a_worker_and_a_relay_on_their_own_share_the_app_until_both_stop(
+    database_url: str,
+) -> None:
+    """`jobfence relay --with-worker`'s shape: the first to stop does not close the app under
+    the other; the last one does. An app its owner opened stays open."""
+    app = App(database_url)
+
+    @app.consumer("q")
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        return None
+
+    relay = Relay(app, poll_interval=0.05)
+    worker = app.worker(poll_interval=0.05)
+    relaying = relay.start()
+    working = asyncio.create_task(worker.run())
+    await eventually(lambda: app.is_open and worker.health.started, what="both started")
+    worker.request_stop()
+    await working
+    assert app.is_open  # the relay still runs on it
+    async with app.db.transaction() as tx:
+        await outbox.write(tx, "q", {"n": 1}, event_id="e-1")
+    await relay.stop()
+    await relaying
+    assert not app.is_open
+    async with app:
+        worker = app.worker(poll_interval=0.05)
+        working = asyncio.create_task(worker.run())
+        await eventually(lambda: worker.health.started, what="the worker started")
+        worker.request_stop()
+        await working
+        assert app.is_open  # the owner's

@@ -30,6 +30,7 @@ from ..core.retry import RetryPolicy
 from ..db import Database, Tx
 from ..errors import Category, ConfigurationError, classify, describe, error_code
 from ..metrics import RELAYS
+from ..runtime import holding
 from ..runtime.health import Health, register, unregister
 from . import (  # also importable from here
     DEFAULT_RETENTION,
@@ -242,9 +243,8 @@ class Relay:
         """Publish until :meth:`request_stop` (or SIGTERM/SIGINT with signal handlers)."""
         self.health = Health("relay")
         register(self.health)
-        opened_here = not self.app.is_open  # then closed at the end: the process can exit
         try:
-            await self.app.open()
+            held = await holding.hold(self.app, pool_size=10)
         except BaseException:
             unregister(self.health)
             raise
@@ -300,8 +300,8 @@ class Relay:
                     "forced": self._forced,
                 },
             )
-            if opened_here:
-                await self.app.close()
+            if held:
+                await holding.release(self.app)
         return self.stats
 
     async def _rounds(self, listener: asyncio.Task[None] | None) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from ..core.jobs import Delivery
 from ..metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
+from . import holding
 from .harness import Harness, Outcome
 from .health import Health, register, unregister
 from .maintenance import housekeeping
@@ -204,11 +205,8 @@ class Worker:
     async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
         app = self.app
         register(self.health)
-        # an app the worker opened is closed when it stops: nothing it opened (SQLite's
-        # connection thread, a pool) outlives it or keeps the process from exiting
-        opened_here = not app.is_open
         try:
-            await app.open(pool_size=self.concurrency + 4)
+            held = await holding.hold(app, pool_size=self.concurrency + 4)
         except BaseException:
             unregister(self.health)
             raise
@@ -276,8 +274,8 @@ class Worker:
                 "worker stopped",
                 extra={"handled": self.stats.handled, "cancelled": self.cancelled},
             )
-            if opened_here:
-                await app.close()
+            if held:
+                await holding.release(app)
         return self.stats
 
     async def _loop(self, harness: Harness) -> None:
