@@ -517,7 +517,7 @@ class App:
         connection = _one_of(connection, session)
         job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
         if isinstance(connection, SyncTx):
-            connection._run(self.enqueue_many([job], connection=connection.async_tx))
+            connection.run_sync(self.enqueue_many([job], connection=connection.async_tx))
             return job.job_id
         store = Store(connect(self.url))
         _check_database_payloads([job], store.dialect)

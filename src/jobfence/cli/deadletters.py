@@ -19,25 +19,26 @@ from rich.table import Table
 from ..errors import Category, NotFound, ReviewConflict
 from ..review import deadletters as service
 from ..review import letters, replays
-from ._common import (
-    _default_actor,
-    _emit,
-    _moment,
-    _opened,
-    _ts,
+from ..review.validation import checked_reason
+from .common import (
     actor_option,
     confirm,
     console,
     database_option,
     dead_letters,
+    default_actor,
+    emit_json,
     err_console,
     json_option,
     limit_option,
     make_app,
+    opened_app,
+    parse_moment,
     print_attempts,
     run,
+    show_time,
 )
-from ._common import transport_option as _transport_option
+from .common import transport_option as _transport_option
 
 
 @dead_letters.command("list")
@@ -127,9 +128,9 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
     """Everything about one dead letter: payload, attempts, error, chain, audit trail."""
 
     async def go() -> service.LetterView:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             return await service.show(
-                app.db, letter_id, actor=service.Actor(_default_actor(), "cli")
+                app.db, letter_id, actor=service.Actor(default_actor(), "cli")
             )
 
     view = run(go())
@@ -139,7 +140,7 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
         data["payload"] = letters.payload_view(letter.payload)
         data["followers"] = view.followers
         data["audit"] = [e.to_json() for e in view.audit]
-        _emit(data)
+        emit_json(data)
         return
     table = Table(title=f"dead letter {letter.id}", show_header=False)
     table.add_column("field", style="bold")
@@ -154,12 +155,15 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
         ("error code", letter.error_code or "-"),
         ("last error", letter.last_error),
         ("attempts", str(letter.attempts)),
-        ("enqueued / failed", f"{_ts(letter.enqueued_at)} / {_ts(letter.failed_at)} UTC"),
+        (
+            "enqueued / failed",
+            f"{show_time(letter.enqueued_at)} / {show_time(letter.failed_at)} UTC",
+        ),
         ("replay of", str(letter.previous_id) if letter.previous_id else "-"),
         ("failed again as", ", ".join(map(str, view.followers)) or "-"),
     ]
     if letter.status != "pending_review":
-        rows.append(("reviewed", f"{letter.reviewed_by} at {_ts(letter.reviewed_at)} UTC"))
+        rows.append(("reviewed", f"{letter.reviewed_by} at {show_time(letter.reviewed_at)} UTC"))
         rows.append(("reason", letter.review_reason or "-"))
     for name, value in rows:
         table.add_row(name, value)
@@ -178,7 +182,9 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
         for column in ("at", "actor", "via", "action", "reason"):
             trail.add_column(column, overflow="fold")
         for entry in view.audit:
-            trail.add_row(_ts(entry.at), entry.actor, entry.via, entry.action, entry.reason or "")
+            trail.add_row(
+                show_time(entry.at), entry.actor, entry.via, entry.action, entry.reason or ""
+            )
         console.print(trail)
 
 
@@ -205,7 +211,7 @@ def _preview_table(preview: replays.ReplayPreview) -> None:
         for row in preview.sample:
             sample.add_row(
                 str(row["id"]),
-                _ts(row["failed_at"]),
+                show_time(row["failed_at"]),
                 row["queue"],
                 row["job_id"],
                 row["last_error"][:100],
@@ -225,7 +231,7 @@ def _preview_table(preview: replays.ReplayPreview) -> None:
 
 def _report(status: replays.ReplayStatus, as_json: bool) -> None:
     if as_json:
-        _emit({**status.__dict__, "done": status.done})
+        emit_json({**status.__dict__, "done": status.done})
         return
     table = Table(
         title=f"bulk replay {status.id}: {status.state}, {status.done} of {status.total} done"
@@ -332,13 +338,13 @@ def replay(
         category=category,
         error=error_text,
         job_id=job_id,
-        since=_moment(since, "--since"),
-        until=_moment(until, "--until"),
+        since=parse_moment(since, "--since"),
+        until=parse_moment(until, "--until"),
         ids=letter_ids or None,
     )
 
     async def go() -> replays.ReplayStatus | None:
-        async with _opened(database_url, transport) as app:
+        async with opened_app(database_url, transport) as app:
             if resume_id is not None:
                 status = await replays.replay_status(app.db, resume_id, actor=who)
                 if not as_json:
@@ -356,7 +362,7 @@ def replay(
                 question = f"Replay these {total} dead letters (snapshot {resume})?"
                 if total == 0:
                     if as_json:
-                        _emit({"replay_id": resume, "total": 0, "counts": {}})
+                        emit_json({"replay_id": resume, "total": 0, "counts": {}})
                     else:
                         console.print("nothing to replay: no pending letter matches")
                     return None
@@ -392,12 +398,12 @@ def _replay_one(
     as_json: bool,
 ) -> None:
     async def go() -> service.ItemResult:
-        async with _opened(database_url, transport) as app:
+        async with opened_app(database_url, transport) as app:
             return await service.replay(app.db, app.transport, letter_id, actor=who, reason=reason)
 
     result = run(go())
     if as_json:
-        _emit(result.__dict__)
+        emit_json(result.__dict__)
     elif result.outcome == "published":
         console.print(f"dead letter {letter_id}: republished with its job_id (outcome: published)")
     else:
@@ -418,10 +424,10 @@ def replay_report(
     replay_id: int, database_url: str | None, outcome: str | None, limit: int, as_json: bool
 ) -> None:
     """A bulk replay's status and its per-item report."""
-    who = service.Actor(_default_actor(), "cli")
+    who = service.Actor(default_actor(), "cli")
 
     async def go() -> tuple[replays.ReplayStatus, service.Page[dict[str, Any]]]:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             status = await replays.replay_status(app.db, replay_id, actor=who)
             items = await replays.replay_items(
                 app.db, replay_id, actor=who, outcome=outcome, limit=limit
@@ -431,7 +437,7 @@ def replay_report(
     status, items = run(go())
     if as_json:
         for item in items.items:
-            _emit(item)
+            emit_json(item)
         return
     _report(status, False)
     table = Table(title="items")
@@ -462,11 +468,11 @@ def discard(
 ) -> None:
     """Discard pending dead letters, saying why (the reason is kept and audited)."""
     who = service.Actor(actor, "cli")
-    service._reason(reason, required=True)  # a blank reason is refused before anything happens
+    checked_reason(reason, required=True)  # a blank reason is refused before anything happens
 
     async def go() -> list[tuple[int, str, str]]:
         results = []
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             for letter_id in letter_ids:
                 try:
                     await service.discard(app.db, letter_id, actor=who, reason=reason)
@@ -478,7 +484,7 @@ def discard(
     results = run(go())
     for letter_id, outcome, why in results:
         if as_json:
-            _emit({"dead_letter_id": letter_id, "outcome": outcome, "detail": why or None})
+            emit_json({"dead_letter_id": letter_id, "outcome": outcome, "detail": why or None})
         elif outcome == "discarded":
             console.print(f"dead letter {letter_id}: discarded")
         else:
@@ -509,10 +515,10 @@ def audit(
     as_json: bool,
 ) -> None:
     """The audit log, newest first: who did what, when and why."""
-    who = service.Actor(_default_actor(), "cli")
+    who = service.Actor(default_actor(), "cli")
 
     async def go() -> service.Page[service.AuditEntry]:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             return await service.audit(
                 app.db,
                 actor=who,
@@ -525,7 +531,7 @@ def audit(
     page = run(go())
     if as_json:
         for entry in page.items:
-            _emit(entry.to_json())
+            emit_json(entry.to_json())
         return
     if not page.items:
         console.print("the audit log has no matching entries")
@@ -547,7 +553,7 @@ def audit(
     for e in page.items:
         table.add_row(
             str(e.id),
-            _ts(e.at),
+            show_time(e.at),
             e.actor,
             e.via,
             e.action,

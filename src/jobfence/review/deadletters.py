@@ -32,15 +32,26 @@ import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar, get_args
 
 from .. import tracing
 from ..db import Database, Tx, to_datetime
-from ..errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
+from ..errors import Category, InvalidRequest, NotFound, ReviewConflict
 from ..store import OutgoingJob
 from ..transports import Transport
 from .letters import DeadLetter, from_row, get_letter
+from .validation import (
+    MAX_ID,
+    MAX_IDS,
+    MAX_PAGE,
+    aware,
+    checked_id,
+    checked_limit,
+    checked_reason,
+    like_pattern,
+    when_text,
+)
 
 T = TypeVar("T")
 
@@ -48,12 +59,6 @@ Via = Literal["cli", "api", "library"]
 ItemOutcome = Literal["published", "already_applied", "not_pending", "truncated"]
 #: every item outcome of a replay, in report order (the CLI, the ops API and docs use these)
 ITEM_OUTCOMES: tuple[ItemOutcome, ...] = get_args(ItemOutcome)
-
-MAX_PAGE = 1000
-MAX_IDS = 10_000
-MAX_REASON = 4000
-#: The largest id or cursor the stores hold (PostgreSQL bigint, SQLite INTEGER).
-MAX_ID = 2**63 - 1
 
 STATUSES = ("pending_review", "replayed", "discarded")
 #: the status filter that means any status (what `jobfence dead-letters list --status all` takes)
@@ -108,7 +113,7 @@ class Filter:
             value = getattr(self, name)
             if value is not None and (not value or len(value) > 500 or "\x00" in value):
                 raise InvalidRequest(f"{name} must be 1–500 characters without NUL")
-        since, until = _aware(self.since), _aware(self.until)
+        since, until = aware(self.since), aware(self.until)
         if since is not None and until is not None and since >= until:
             raise InvalidRequest("since must be before until")
         if self.ids is not None and (
@@ -138,7 +143,7 @@ class Filter:
         for name in ("since", "until"):
             value = getattr(self, name)
             if value is not None:
-                out[name] = _aware(value).isoformat()  # type: ignore[union-attr]
+                out[name] = aware(value).isoformat()  # type: ignore[union-attr]
         if self.ids is not None:
             out["ids"] = list(self.ids)
         return out
@@ -150,9 +155,9 @@ class Filter:
             "consumer": self.consumer,
             "category": self.category,
             "job_id": self.job_id,
-            "error": _like(self.error) if self.error is not None else None,
-            "since": db.at(_aware(self.since)),
-            "until": db.at(_aware(self.until)),
+            "error": like_pattern(self.error) if self.error is not None else None,
+            "since": db.at(aware(self.since)),
+            "until": db.at(aware(self.until)),
             "ids": db.array(self.ids),
             "partner": partner,
         }
@@ -204,54 +209,10 @@ class ItemResult:
 # -- helpers ------------------------------------------------------------------------------
 
 
-def _aware(value: datetime | None) -> datetime | None:
-    if value is None:
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def _like(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
-def _reason(reason: str | None, *, required: bool) -> str | None:
-    if reason is not None and not isinstance(reason, str):
-        raise InvalidRequest("the reason must be text")
-    text = clean_text(reason.strip(), MAX_REASON) if reason is not None else ""
-    if required and not text:
-        raise InvalidRequest(
-            "a discard needs a reason: say why this letter needs no replay "
-            "(e.g. 'order cancelled by the partner, ticket OPS-123')"
-        )
-    return text or None
-
-
-def _id(value: int | None, what: str, *, low: int = 1) -> int | None:
-    """``value`` when it is a whole number the stores can hold (``low``…:data:`MAX_ID`);
-    else :class:`InvalidRequest` naming it (a driver would fail with an overflow)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_ID:
-        raise InvalidRequest(f"{what} must be a whole number from {low} to {MAX_ID}, not {value!r}")
-    return value
-
-
-def _limit(limit: int) -> int:
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidRequest(f"page size must be between 1 and {MAX_PAGE}")
-    return limit
-
-
-def _when(value: Any) -> str:
-    moment = to_datetime(value)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "?"
-
-
 def _decided(row: Mapping[str, Any]) -> str:
     return (
         f"dead letter {row['id']} was already {row['status']} by {row['reviewed_by']} at "
-        f"{_when(row['reviewed_at'])}; a review decision is final"
+        f"{when_text(row['reviewed_at'])}; a review decision is final"
     )
 
 
@@ -331,8 +292,8 @@ async def search(
     flt = flt.check()
     params = {
         **flt.params(db, actor.partner),
-        "before": _id(before, "before (the cursor)", low=0),
-        "limit": _limit(limit),
+        "before": checked_id(before, "before (the cursor)", low=0),
+        "limit": checked_limit(limit),
     }
     rows = await db.run(flt.search_query(db.dialect), params)
     letters = [from_row(row) for row in rows]
@@ -368,7 +329,7 @@ async def letters(
 
 async def show(db: Database, letter_id: int, *, actor: Actor) -> LetterView:
     """One letter with its payload, every attempt, its replay chain and its audit trail."""
-    _id(letter_id, "the dead letter id")
+    checked_id(letter_id, "the dead letter id")
     letter = await get_letter(db, letter_id)
     if letter is None or not actor.sees(letter.partner):
         raise NotFound(f"no dead letter {letter_id}")
@@ -402,21 +363,21 @@ async def audit(
 ) -> Page[AuditEntry]:
     """The audit log (newest first) in the actor's scope, by letter, replay, actor (``by``),
     ``action`` (``dead_letter.``: every action under that prefix) and time (since ≤ at < until)."""
-    since, until = Filter(since=since, until=until).check().since, _aware(until)
-    prefix = _like(action)[1:] if action is not None and action.endswith(".") else None
+    since, until = Filter(since=since, until=until).check().since, aware(until)
+    prefix = like_pattern(action)[1:] if action is not None and action.endswith(".") else None
     rows = await db.run(
         "audit_search",
         {
             "partner": actor.partner,
-            "dead_letter_id": _id(dead_letter_id, "dead_letter_id"),
-            "replay_id": _id(replay_id, "replay_id"),
+            "dead_letter_id": checked_id(dead_letter_id, "dead_letter_id"),
+            "replay_id": checked_id(replay_id, "replay_id"),
             "actor": by,
             "action": action,
             "action_prefix": prefix,
             "since": db.at(since),
             "until": db.at(until),
-            "before": _id(before, "before (the cursor)", low=0),
-            "limit": _limit(limit),
+            "before": checked_id(before, "before (the cursor)", low=0),
+            "limit": checked_limit(limit),
         },
     )
     entries = [_entry(r) for r in rows]
@@ -428,8 +389,8 @@ async def audit(
 
 async def discard(db: Database, letter_id: int, *, actor: Actor, reason: str) -> DeadLetter:
     """Discard a pending letter; ``reason`` must say why (blank is refused)."""
-    why = _reason(reason, required=True)
-    _id(letter_id, "the dead letter id")
+    why = checked_reason(reason, required=True)
+    checked_id(letter_id, "the dead letter id")
     async with db.transaction() as tx:
         done = await tx.q(
             "dl_discard",
@@ -474,8 +435,8 @@ async def replay(
     Raises :class:`NotFound` (no such letter in scope) or
     :class:`~jobfence.errors.ReviewConflict` (already decided, or its payload was truncated).
     """
-    _id(letter_id, "the dead letter id")
-    why = _reason(reason, required=False)
+    checked_id(letter_id, "the dead letter id")
+    why = checked_reason(reason, required=False)
     async with db.transaction() as tx:
         rows = await lock_for_review(db, tx, [letter_id])
         row = rows.get(letter_id)

@@ -32,8 +32,8 @@ from psycopg.pq import TransactionStatus
 
 from ...db import Row, TxGuard, aborted, ended
 from ...db.adopt import SyncConnection
-from ...db.postgres import _boundary_error
-from ...db.sqlite import _Lent
+from ...db.postgres import boundary_error
+from ...db.sqlite import LentGuard
 from ...errors import ConfigurationError, TransactionBoundaryError
 from ...runtime.hosted import HostedWork, WorkHost, sqlite_writer
 from ...sql import Dialect
@@ -172,7 +172,7 @@ class DjangoWork(HostedWork):
     @contextmanager
     def lend(self) -> Iterator[DjangoTx]:
         guard = TxGuard(active=True)
-        lent = _Lent()
+        lent = LentGuard()
         lent.guard = guard
         sqlite = isinstance(self.raw, sqlite3.Connection)
         if sqlite:
@@ -181,7 +181,7 @@ class DjangoWork(HostedWork):
             with self.django.execute_wrapper(_Watch(guard)):
                 yield DjangoTx(self.django.alias, self.dialect)
         except psycopg.Error as exc:
-            problem = _boundary_error(exc) or guard.problem(track_failures=False)
+            problem = boundary_error(exc) or guard.problem(track_failures=False)
             if problem is not None:
                 raise problem from exc
             raise
@@ -221,7 +221,7 @@ class DjangoWork(HostedWork):
         try:
             self.adopted.run("lend_commit", {"jobfence_tx": self.token})
         except psycopg.Error as exc:
-            problem = _boundary_error(exc)
+            problem = boundary_error(exc)
             if problem is not None:
                 raise problem from exc
             raise

@@ -28,7 +28,7 @@ FILTERS = ("status", "queue", "consumer", "category", "error", "job_id", "since"
 CATEGORIES = [c.value for c in Category]
 
 
-def _time(name: str, value: str | None) -> datetime | None:
+def form_time(name: str, value: str | None) -> datetime | None:
     """A ``datetime-local`` (or ISO 8601) field as UTC."""
     if not value:
         return None
@@ -58,8 +58,8 @@ def letter_filter(values: dict[str, str], *, ids: list[str] | None = None) -> se
         category=text("category"),
         error=text("error"),
         job_id=text("job_id"),
-        since=_time("since", text("since")),
-        until=_time("until", text("until")),
+        since=form_time("since", text("since")),
+        until=form_time("until", text("until")),
         status=text("status"),
         ids=chosen,
     ).check()
@@ -129,7 +129,7 @@ async def download_payload(
     return secure(response)
 
 
-async def _form(request: Request) -> dict[str, Any]:
+async def read_form(request: Request) -> dict[str, Any]:
     form = await request.form()
     return {k: v for k, v in form.multi_items() if isinstance(v, str)}
 
@@ -139,7 +139,7 @@ async def replay_letter(
     request: Request, letter_id: int = LETTER, user: User = OPERATOR
 ) -> Response:
     jf = jobfence_app(request)
-    form = await _form(request)
+    form = await read_form(request)
     result = await service.replay(
         jf.db,
         jf.transport,
@@ -157,7 +157,7 @@ async def replay_letter(
 async def discard_letter(
     request: Request, letter_id: int = LETTER, user: User = OPERATOR
 ) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     await service.discard(
         jobfence_app(request).db,
         letter_id,
@@ -217,7 +217,7 @@ async def _replay(request: Request, replay_id: int, user: User) -> dict[str, Any
 
 @router.post("/ui/replays/{replay_id}/run")
 async def run_replay(request: Request, replay_id: int = REPLAY, user: User = OPERATOR) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     try:
         expected = int(form.get("expected_total", ""))
     except ValueError:

@@ -31,7 +31,7 @@ from .._broker import Meta, Options, ShieldedFetch, retry_record
 from .attributes import ATTRIBUTES_RESERVE, MAX_MESSAGE_BYTES, attributes, read_meta
 from .delayed import DelayedHolds
 from .dlq import DeadLetterQueue
-from .messaging import _AckBatcher, _Token
+from .messaging import AckBatcher, AckToken
 from .topology import MAX_ACK_DEADLINE, Names, encode_name, log
 
 
@@ -110,7 +110,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         self._timers: dict[asyncio.Task[None], tuple[str, str]] = {}
         self._exhausted: deque[Delivery] = deque()
         self._reads = ShieldedFetch()
-        self._acks = _AckBatcher(self._ack_ids)
+        self._acks = AckBatcher(self._ack_ids)
 
     @classmethod
     def from_url(cls, url: str, *, lease: timedelta, worker_id: str) -> PubSubTransport:
@@ -246,7 +246,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         message = received.message
         meta = read_meta(dict(message.attributes), message.message_id)
         attempt = meta.attempts + max(int(received.delivery_attempt), 1)
-        token = _Token(self.subscription_path(names.subscription), received.ack_id)
+        token = AckToken(self.subscription_path(names.subscription), received.ack_id)
         return meta.delivery(queue, bytes(message.data), attempt, token=token, ref=names.topic)
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
@@ -295,7 +295,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
             )
 
     async def ack(self, delivery: Delivery) -> None:
-        token: _Token = delivery.token
+        token: AckToken = delivery.token
         await self._acks.ack(token.subscription, token.ack_id)
 
     async def retry(
@@ -312,7 +312,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         await self._copy(delivery, meta, delay.total_seconds())
 
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
-        token: _Token = delivery.token
+        token: AckToken = delivery.token
         if token.from_dlq:
             await self._modify(token.subscription, [token.ack_id], 0)
             return
@@ -324,7 +324,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         by_subscription: dict[str, list[str]] = {}
         for delivery in deliveries:
-            token: _Token = delivery.token
+            token: AckToken = delivery.token
             by_subscription.setdefault(token.subscription, []).append(token.ack_id)
         for subscription, ack_ids in by_subscription.items():
             await self._modify(subscription, ack_ids, self.deadline)

@@ -205,7 +205,7 @@ def load_app(spec: str) -> Any:
     return app
 
 
-def _queue_list(value: str | None) -> list[str] | None:
+def queue_list(value: str | None) -> list[str] | None:
     if not value:
         return None
     return [q.strip() for q in value.split(",") if q.strip()]
@@ -262,7 +262,7 @@ def _show(span: timedelta) -> str:
 POSITIVE = Duration(minimum=timedelta(microseconds=1))
 
 
-def _moment(text: str | None, what: str) -> datetime | None:
+def parse_moment(text: str | None, what: str) -> datetime | None:
     """An ISO 8601 time (UTC if no zone) or a duration ago (``2h`` = two hours ago)."""
     if text is None:
         return None
@@ -350,7 +350,7 @@ def serve_probes(port: int | None, host: str, liveness_timeout: timedelta) -> No
 
 def limit_option(default: int = 50) -> Callable[[F], F]:
     """``--limit``: rows per page, capped as the ops API caps it (``MAX_PAGE``)."""
-    from ..review.deadletters import MAX_PAGE
+    from ..review.validation import MAX_PAGE
 
     return click.option(
         "--limit",
@@ -361,7 +361,7 @@ def limit_option(default: int = 50) -> Callable[[F], F]:
     )
 
 
-def _default_actor() -> str:
+def default_actor() -> str:
     """``$JOBFENCE_ACTOR``, else ``user@host``: who acts (or reads) for the audit log."""
     if os.environ.get("JOBFENCE_ACTOR"):
         return os.environ["JOBFENCE_ACTOR"]
@@ -377,7 +377,7 @@ def actor_option(func: F) -> F:
         "--actor",
         envvar="JOBFENCE_ACTOR",
         show_envvar=True,
-        default=_default_actor,
+        default=default_actor,
         help="Who is acting, for the audit log (default: user@host).",
     )(func)
 
@@ -392,13 +392,13 @@ def json_option(func: F) -> F:
 
 
 @asynccontextmanager
-async def _opened(database_url: str | None, transport: str | None = None) -> AsyncIterator[App]:
+async def opened_app(database_url: str | None, transport: str | None = None) -> AsyncIterator[App]:
     app = make_app(database_url, transport)
     async with app:
         yield app
 
 
-def _emit(data: Any) -> None:
+def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, default=_default, ensure_ascii=False))
 
 
@@ -410,7 +410,7 @@ def _default(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-def _ts(value: datetime | None) -> str:
+def show_time(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
