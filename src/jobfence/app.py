@@ -33,6 +33,7 @@ from .logs import LogObserver
 from .metrics import MetricsObserver
 from .observers import Observer, Observers
 from .review.letters import DEFAULT_PAYLOAD_LIMIT
+from .runtime.context import Runtime
 from .runtime.harness import Consumer, Handler
 from .runtime.hosted import wants_session
 from .runtime.maintenance import Maintenance
@@ -147,6 +148,7 @@ class App:
         # Benchmarks only (bench/throughput.py measures what the fence costs). Turning the
         # fence off removes the effectively-once guarantee; nothing else ever sets this.
         self._fence_enabled = True
+        self._runtime: Runtime | None = None
         self._transport_spec: str | Transport | None = None
         if transport is not None:
             self.use_transport(transport)
@@ -226,6 +228,7 @@ class App:
                     "handlers are `def handle(job, session: Session)` (annotate the session; "
                     "raw SQL: session.execute(text(...)))"
                 )
+            self._runtime = None
             self.consumers[queue] = Consumer(
                 queue=queue,
                 name=name or queue,
@@ -296,6 +299,33 @@ class App:
     @property
     def is_open(self) -> bool:
         return self._db is not None
+
+    @property
+    def runtime(self) -> Runtime:
+        """What a worker or a relay runs on: the open database and transport, the observers
+        and the settings, as one value (they take that, never the app)."""
+        cached = self._runtime
+        if (
+            cached is not None
+            and cached.db is self.db
+            and cached.fence_enabled == self._fence_enabled
+        ):
+            return cached
+        self._runtime = Runtime(
+            db=self.db,
+            transport=self.transport,
+            observers=self.observers,
+            consumers=self.consumers,
+            work=self.work_source,
+            tracing=self.tracing,
+            fence_ttl=self.fence_ttl,
+            lease=self.lease,
+            payload_limit=self.payload_limit,
+            maintenance=self.maintenance,
+            redelivery_exposure=self.redelivery_exposure(),
+            fence_enabled=self._fence_enabled,
+        )
+        return self._runtime
 
     @property
     def db(self) -> Database:

@@ -22,7 +22,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
@@ -30,6 +29,7 @@ from ..core.retry import RetryPolicy
 from ..db import Database, Tx
 from ..errors import Category, ConfigurationError, classify, describe, error_code
 from ..metrics import RELAYS
+from ..runtime.context import RuntimeSource
 from ..runtime.health import Health, register, unregister
 from . import (  # also importable from here
     DEFAULT_RETENTION,
@@ -40,9 +40,6 @@ from . import (  # also importable from here
     RelayStats,
     cleanup,
 )
-
-if TYPE_CHECKING:
-    from ..app import App
 
 log = logging.getLogger("jobfence.relay")
 
@@ -98,7 +95,7 @@ class Relay:
 
     def __init__(
         self,
-        app: App,
+        app: RuntimeSource,
         *,
         batch_size: int | None = None,
         poll_interval: float | None = None,
@@ -151,7 +148,7 @@ class Relay:
         """Whether a round is one statement (claim, queue as jobs, mark published): the
         app's queue is the job table of this same PostgreSQL database (unless
         ``one_transaction=False`` asks for the publish-then-mark rounds of other queues)."""
-        transport = self.app.transport
+        transport = self.app.runtime.transport
         possible = (
             self.db.dialect == "postgresql"
             and transport.shares_database
@@ -182,7 +179,7 @@ class Relay:
 
     @property
     def db(self) -> Database:
-        return self.app.db
+        return self.app.runtime.db
 
     def wake(self) -> None:
         """Look for events now (events were written in this process)."""
@@ -264,7 +261,7 @@ class Relay:
             extra={
                 "relay": self.relay_id,
                 "database": self.db.display,
-                "transport": self.app.transport.name,
+                "transport": self.app.runtime.transport.name,
             },
         )
         try:
@@ -456,10 +453,10 @@ class Relay:
         self.stats.rounds += 1
         if not events:
             return 0
-        traces = self.app.tracing
+        traces = self.app.runtime.tracing
         if traces is not None:
-            traces.end_spans(traces.relay_spans(events, self.app.transport.name, began))
-        self.app.transport.wake()
+            traces.end_spans(traces.relay_spans(events, self.app.runtime.transport.name, began))
+        self.app.runtime.transport.wake()
         for observer in self.observers:
             try:
                 await observer.published(events)
@@ -471,11 +468,11 @@ class Relay:
         return len(events)
 
     async def _publish(self, group: list[OutboxEvent]) -> None:
-        traces = self.app.tracing
-        spans = [] if traces is None else traces.relay_spans(group, self.app.transport.name)
+        traces = self.app.runtime.tracing
+        spans = [] if traces is None else traces.relay_spans(group, self.app.runtime.transport.name)
         try:
             async with asyncio.timeout(self.publish_timeout.total_seconds()):
-                await self.app.transport.publish([e.job() for e in group])
+                await self.app.runtime.transport.publish([e.job() for e in group])
         except Exception as exc:
             if traces is not None:
                 traces.end_spans(spans, exc)
