@@ -4,6 +4,7 @@ and loading an app (``MODULE:ATTRIBUTE``)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 import importlib
 import json
@@ -359,6 +360,53 @@ def limit_option(default: int = 50) -> Callable[[F], F]:
         show_default=True,
         help=f"Rows to show, at most {MAX_PAGE} (the ops API's page cap).",
     )
+
+
+#: the criteria of ``--queue … --until`` (what the ops API's and the console's letter filter take)
+LETTER_CRITERIA = ("queue", "consumer", "category", "error_text", "job_id", "since", "until")
+
+
+def letter_filter_options(func: Callable[..., T]) -> Callable[..., T]:
+    """Which dead letters, the same criteria on every command that takes a letter filter
+    (``list``, ``replay``, ``discard-matching``; the ops API and the console take them too):
+    ``--queue --consumer --category --error --job-id --since --until``. The command gets
+    them as one ``letter_filter`` argument, a :class:`~jobfence.review.deadletters.Filter`."""
+    from ..errors import Category
+    from ..review.deadletters import Filter
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> T:
+        given = {name: kwargs.pop(name) for name in LETTER_CRITERIA}
+        kwargs["letter_filter"] = Filter(
+            queue=given["queue"],
+            consumer=given["consumer"],
+            category=given["category"],
+            error=given["error_text"],
+            job_id=given["job_id"],
+            since=parse_moment(given["since"], "--since"),
+            until=parse_moment(given["until"], "--until"),
+        )
+        return func(*args, **kwargs)
+
+    options = [
+        click.option("--queue", help="Only letters of this queue."),
+        click.option("--consumer", help="Only letters of this consumer."),
+        click.option(
+            "--category",
+            type=click.Choice([c.value for c in Category]),
+            help="Only this category.",
+        ),
+        click.option(
+            "--error", "error_text", help="Only letters whose error contains this (any case)."
+        ),
+        click.option("--job-id", help="Only letters of this job_id."),
+        click.option("--since", help="Failed at or after: ISO time, or a duration ago (2h)."),
+        click.option("--until", help="Failed before: ISO time, or a duration ago."),
+    ]
+    decorated: Callable[..., T] = command
+    for option in reversed(options):
+        decorated = option(decorated)
+    return decorated
 
 
 def default_actor() -> str:

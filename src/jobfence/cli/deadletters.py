@@ -8,6 +8,7 @@ Readable tables for people; ``--json`` for scripts. Actions are recorded in the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..errors import Category, NotFound, ReviewConflict
+from ..errors import NotFound, ReviewConflict
 from ..review import deadletters as service
 from ..review import letters, replays
 from ..review.validation import checked_reason
@@ -30,10 +31,10 @@ from .common import (
     emit_json,
     err_console,
     json_option,
+    letter_filter_options,
     limit_option,
     make_app,
     opened_app,
-    parse_moment,
     print_attempts,
     run,
     show_time,
@@ -50,43 +51,34 @@ from .common import transport_option as _transport_option
     show_default=True,
     help="Only letters with this review status (all: any).",
 )
-@click.option("--queue", help="Only this queue.")
-@click.option(
-    "--category", type=click.Choice([c.value for c in Category]), help="Only this category."
-)
+@letter_filter_options
 @limit_option()
 @json_option
 def list_dead_letters(
     database_url: str | None,
     status: str,
-    queue: str | None,
-    category: str | None,
+    letter_filter: service.Filter,
     limit: int,
     as_json: bool,
 ) -> None:
     """List dead letters, newest first (no payloads; see `show`)."""
-    from ..review import deadletters
-
     app = make_app(database_url)
+    flt = dataclasses.replace(letter_filter, status=status)
 
-    async def go() -> list[Any]:
+    async def go() -> list[letters.DeadLetter]:
         async with app:
-            return await deadletters.letters(
-                app.db,
-                status=None if status == "all" else status,
-                queue=queue,
-                category=category,
-                limit=limit,
+            return await service.matching(
+                app.db, flt, actor=service.Actor(default_actor(), "cli"), limit=limit
             )
 
-    letters = run(go())
+    found = run(go())
     if as_json:
-        for letter in letters:
+        for letter in found:
             data = letter.summary()
             del data["history"]  # a list does not read the attempts: see `show`
             click.echo(json.dumps(data, ensure_ascii=False))
         return
-    if not letters:
+    if not found:
         console.print(f"no dead letters ({status}) in {app.url.display}")
         return
     table = Table(title=f"dead letters ({status}) — {app.url.display}")
@@ -102,7 +94,7 @@ def list_dead_letters(
         "replay of",
     ):
         table.add_column(column, overflow="fold")
-    for letter in letters:
+    for letter in found:
         table.add_row(
             str(letter.id),
             letter.failed_at.strftime("%Y-%m-%d %H:%M:%S"),
@@ -270,15 +262,7 @@ def _progress_runner(as_json: bool) -> tuple[Progress | None, Callable[[int, int
 @click.argument("letter_ids", nargs=-1, type=int)
 @database_option
 @_transport_option
-@click.option("--queue", help="Only letters of this queue.")
-@click.option("--consumer", help="Only letters of this consumer.")
-@click.option(
-    "--category", type=click.Choice([c.value for c in Category]), help="Only this category."
-)
-@click.option("--error", "error_text", help="Only letters whose error contains this (any case).")
-@click.option("--job-id", help="Only letters of this job_id.")
-@click.option("--since", help="Failed at or after: ISO time, or a duration ago (2h).")
-@click.option("--until", help="Failed before: ISO time, or a duration ago.")
+@letter_filter_options
 @click.option("--all-pending", is_flag=True, help="Every pending letter (no filter).")
 @click.option("--resume", "resume_id", type=int, help="Run (or finish) an earlier bulk replay.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -297,13 +281,7 @@ def replay(
     letter_ids: tuple[int, ...],
     database_url: str | None,
     transport: str | None,
-    queue: str | None,
-    consumer: str | None,
-    category: str | None,
-    error_text: str | None,
-    job_id: str | None,
-    since: str | None,
-    until: str | None,
+    letter_filter: service.Filter,
     all_pending: bool,
     resume_id: int | None,
     yes: bool,
@@ -320,9 +298,7 @@ def replay(
     through that fixed snapshot at --rate letters per second and reports each outcome.
     """
     who = service.Actor(actor, "cli")
-    filtered = any(
-        v is not None for v in (queue, consumer, category, error_text, job_id, since, until)
-    )
+    filtered = not letter_filter.is_empty
     if resume_id is not None and (letter_ids or filtered or all_pending):
         raise click.UsageError("--resume takes no letter ids or filters")
     if len(letter_ids) == 1 and not filtered and not all_pending and resume_id is None:
@@ -332,16 +308,7 @@ def replay(
         raise click.UsageError(
             "--json runs unattended: add --yes (and --expect N to pin the count)"
         )
-    flt = service.Filter(
-        queue=queue,
-        consumer=consumer,
-        category=category,
-        error=error_text,
-        job_id=job_id,
-        since=parse_moment(since, "--since"),
-        until=parse_moment(until, "--until"),
-        ids=letter_ids or None,
-    )
+    flt = dataclasses.replace(letter_filter, ids=letter_ids or None)
 
     async def go() -> replays.ReplayStatus | None:
         async with opened_app(database_url, transport) as app:

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from ..app import App
 from ..db import Database
-from ..errors import Category, InvalidRequest
+from ..errors import InvalidRequest
 from ..review import deadletters as service
 from ..review import discards, jobctl
 from ..review.validation import checked_reason
@@ -32,6 +32,7 @@ from .common import (
     default_actor,
     emit_json,
     json_option,
+    letter_filter_options,
     limit_option,
     main_group,
     make_app,
@@ -343,15 +344,7 @@ resume = _pause_or_resume("resume")
 
 @dead_letters.command("discard-matching")
 @database_option
-@click.option("--queue", help="Only letters of this queue.")
-@click.option("--consumer", help="Only letters of this consumer.")
-@click.option(
-    "--category", type=click.Choice([c.value for c in Category]), help="Only this category."
-)
-@click.option("--error", "error_text", help="Only letters whose error contains this (any case).")
-@click.option("--job-id", help="Only letters of this job_id.")
-@click.option("--since", help="Failed at or after: ISO time, or a duration ago (2h).")
-@click.option("--until", help="Failed before: ISO time, or a duration ago.")
+@letter_filter_options
 @click.option("--all-pending", is_flag=True, help="Every pending letter (no filter).")
 @click.option("--reason", required=True, help="Why they need no replay (required).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -360,13 +353,7 @@ resume = _pause_or_resume("resume")
 @json_option
 def discard_matching(
     database_url: str | None,
-    queue: str | None,
-    consumer: str | None,
-    category: str | None,
-    error_text: str | None,
-    job_id: str | None,
-    since: str | None,
-    until: str | None,
+    letter_filter: service.Filter,
     all_pending: bool,
     reason: str,
     yes: bool,
@@ -380,15 +367,7 @@ def discard_matching(
     checked_reason(reason, required=True)
     if as_json and not yes:
         raise click.UsageError("--json runs unattended: add --yes (and --expect N)")
-    flt = service.Filter(
-        queue=queue,
-        consumer=consumer,
-        category=category,
-        error=error_text,
-        job_id=job_id,
-        since=parse_moment(since, "--since"),
-        until=parse_moment(until, "--until"),
-    )
+    flt = letter_filter
     who = _who(actor)
 
     async def go() -> discards.DiscardResult | None:

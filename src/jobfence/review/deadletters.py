@@ -46,9 +46,12 @@ from .validation import (
     MAX_IDS,
     MAX_PAGE,
     aware,
+    check_texts,
+    checked_choice,
     checked_id,
     checked_limit,
     checked_reason,
+    checked_window,
     like_pattern,
     when_text,
 )
@@ -61,8 +64,6 @@ ItemOutcome = Literal["published", "already_applied", "not_pending", "truncated"
 ITEM_OUTCOMES: tuple[ItemOutcome, ...] = get_args(ItemOutcome)
 
 STATUSES = ("pending_review", "replayed", "discarded")
-#: the status filter that means any status (what `jobfence dead-letters list --status all` takes)
-ALL_STATUSES = "all"
 
 
 @dataclass(frozen=True)
@@ -103,19 +104,16 @@ class Filter:
                 f"unknown category {self.category!r}; one of: "
                 + ", ".join(c.value for c in Category)
             )
-        status = None if self.status == ALL_STATUSES else self.status
-        if status is not None and status not in STATUSES:
-            raise InvalidRequest(
-                f"unknown status {self.status!r}; one of: {', '.join(STATUSES)}, "
-                f"or {ALL_STATUSES} for any"
-            )
-        for name in ("queue", "consumer", "job_id", "error"):
-            value = getattr(self, name)
-            if value is not None and (not value or len(value) > 500 or "\x00" in value):
-                raise InvalidRequest(f"{name} must be 1–500 characters without NUL")
-        since, until = aware(self.since), aware(self.until)
-        if since is not None and until is not None and since >= until:
-            raise InvalidRequest("since must be before until")
+        status = checked_choice(self.status, STATUSES, "status")
+        check_texts(
+            {
+                "queue": self.queue,
+                "consumer": self.consumer,
+                "job_id": self.job_id,
+                "error": self.error,
+            }
+        )
+        since, until = checked_window(self.since, self.until)
         if self.ids is not None and (
             len(self.ids) > MAX_IDS or any(not 1 <= i <= MAX_ID for i in self.ids)
         ):
@@ -312,13 +310,18 @@ async def letters(
 ) -> list[DeadLetter]:
     """Up to ``limit`` letters, newest first, without payloads: :func:`search` page by page
     (the library's and the CLI's listing; ``actor`` defaults to the library, all partners)."""
-    who = actor or Actor("library")
     flt = Filter(status=status, queue=queue, category=category)
+    return await matching(db, flt, actor=actor or Actor("library"), limit=limit)
+
+
+async def matching(db: Database, flt: Filter, *, actor: Actor, limit: int = 50) -> list[DeadLetter]:
+    """Up to ``limit`` letters that ``flt`` matches, newest first, without payloads:
+    :func:`search` page by page (``jobfence dead-letters list``)."""
     found: list[DeadLetter] = []
     cursor: int | None = None
     while len(found) < limit:
         page = await search(
-            db, flt, actor=who, limit=min(MAX_PAGE, limit - len(found)), before=cursor
+            db, flt, actor=actor, limit=min(MAX_PAGE, limit - len(found)), before=cursor
         )
         found.extend(page.items)
         if page.next_cursor is None:

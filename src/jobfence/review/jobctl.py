@@ -40,14 +40,16 @@ from typing import Any
 from ..core.jobs import AttemptRecord, check_queue, history_from, history_json
 from ..db import Database, Tx, to_datetime
 from ..errors import InvalidRequest, NotFound, ReviewConflict
-from .deadletters import ALL_STATUSES, Actor, record
+from .deadletters import Actor, record
 from .letters import payload_view
 from .validation import (
     MAX_PAGE,
-    aware,
+    check_texts,
+    checked_choice,
     checked_id,
     checked_limit,
     checked_reason,
+    checked_window,
     like_pattern,
 )
 
@@ -90,19 +92,16 @@ class JobFilter:
 
     def check(self) -> JobFilter:
         """Validate; raise :class:`InvalidRequest` saying what is wrong."""
-        state = None if self.state == ALL_STATUSES else self.state
-        if state is not None and state not in JOB_STATES:
-            raise InvalidRequest(
-                f"unknown job state {self.state!r}; one of: {', '.join(JOB_STATES)}, "
-                f"or {ALL_STATUSES} for any"
-            )
-        for name in ("queue", "job_id", "correlation_id", "error"):
-            value = getattr(self, name)
-            if value is not None and (not value or len(value) > 500 or "\x00" in value):
-                raise InvalidRequest(f"{name} must be 1–500 characters without NUL")
-        since, until = aware(self.since), aware(self.until)
-        if since is not None and until is not None and since >= until:
-            raise InvalidRequest("since must be before until")
+        state = checked_choice(self.state, JOB_STATES, "job state")
+        check_texts(
+            {
+                "queue": self.queue,
+                "job_id": self.job_id,
+                "correlation_id": self.correlation_id,
+                "error": self.error,
+            }
+        )
+        since, until = checked_window(self.since, self.until)
         return replace(self, state=state, since=since, until=until)
 
     def params(self, db: Database, partner: str | None) -> dict[str, Any]:

@@ -19,6 +19,8 @@ MAX_REASON = 4000
 #: The largest id or cursor the stores hold (PostgreSQL bigint, SQLite INTEGER).
 MAX_ID = 2**63 - 1
 MAX_TEXT = 500  # a filter's text criterion (queue, consumer, job_id, error, …)
+#: the state filter that means any state (``--status all``, ``--state all``)
+ALL_STATUSES = "all"
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -32,6 +34,34 @@ def like_pattern(text: str) -> str:
     """A case-insensitive substring match for ``text`` (its LIKE wildcards escaped)."""
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
+
+
+def checked_choice(value: str | None, choices: tuple[str, ...], what: str) -> str | None:
+    """A state criterion: one of ``choices``, or None (no criterion, or :data:`ALL_STATUSES`)."""
+    chosen = None if value == ALL_STATUSES else value
+    if chosen is not None and chosen not in choices:
+        raise InvalidRequest(
+            f"unknown {what} {value!r}; one of: {', '.join(choices)}, or {ALL_STATUSES} for any"
+        )
+    return chosen
+
+
+def check_texts(criteria: dict[str, str | None]) -> None:
+    """Text criteria (queue, consumer, job_id, error, …): 1–:data:`MAX_TEXT` characters
+    without NUL each, when given."""
+    for name, value in criteria.items():
+        if value is not None and (not value or len(value) > MAX_TEXT or "\x00" in value):
+            raise InvalidRequest(f"{name} must be 1–{MAX_TEXT} characters without NUL")
+
+
+def checked_window(
+    since: datetime | None, until: datetime | None
+) -> tuple[datetime | None, datetime | None]:
+    """A time window (``since`` included, ``until`` excluded), both with a time zone."""
+    since, until = aware(since), aware(until)
+    if since is not None and until is not None and since >= until:
+        raise InvalidRequest("since must be before until")
+    return since, until
 
 
 def checked_reason(reason: str | None, *, required: bool) -> str | None:

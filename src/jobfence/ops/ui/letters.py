@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from ...errors import Category, InvalidRequest
 from ...review import deadletters as service
 from ...review import replays
+from ...review.validation import ALL_STATUSES
 from ..deps import MAX_ID, actor_of, jobfence_app
 from .render import link, page, payload_view, redirect, secure
 from .session import Refused, User, operator, signed_in
@@ -95,7 +96,7 @@ async def list_letters(request: Request, user: User = SIGNED_IN) -> Response:
         filters=kept,
         error=error,
         categories=CATEGORIES,
-        statuses=[*service.STATUSES, service.ALL_STATUSES],
+        statuses=[*service.STATUSES, ALL_STATUSES],
         next_url=link("/ui/dead-letters", **kept, before=cursor) if cursor else None,
         first_url=link("/ui/dead-letters", **kept) if before else None,
     )
