@@ -250,15 +250,9 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         return meta.delivery(queue, bytes(message.data), attempt, token=token, ref=names.topic)
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
-        if limit <= 0:
-            return []
-        found: list[Delivery] = []
-        while self._exhausted and len(found) < limit:
-            found.append(self._exhausted.popleft())
-        found += self._reads.take(limit - len(found))
-        if found:
-            return found
-        return await self._reads.run(self._read(queues, limit, timeout))
+        return await self._reads.fetch(
+            self._exhausted, limit, lambda: self._read(queues, limit, timeout)
+        )
 
     async def _read(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         found: list[Delivery] = []
