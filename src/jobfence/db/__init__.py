@@ -19,8 +19,12 @@ from datetime import UTC, datetime
 from typing import Any, LiteralString, Protocol
 
 from ..config import DatabaseURL
-from ..errors import ConfigurationError, TransactionBoundaryError
+from ..errors import ConfigurationError, TransactionBoundaryError, register_classifier
 from ..sql import Dialect, queries
+from .translate import DATA_ERROR, classify_driver_error, is_data_error, is_unique_violation
+
+# the drivers' errors take part in errors.classify (errors.py knows no driver)
+register_classifier(classify_driver_error)
 
 Params = Sequence[Any] | Mapping[str, Any] | None
 Row = dict[str, Any]
@@ -508,9 +512,6 @@ def connect(url: DatabaseURL) -> Database:
 
     return SQLiteDatabase(url)
 
-
-# the drivers' errors, translated (registers their classifiers with jobfence.errors)
-from .translate import DATA_ERROR, is_data_error, is_unique_violation  # noqa: E402
 
 __all__ = [
     "DATA_ERROR",

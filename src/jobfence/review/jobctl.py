@@ -547,8 +547,3 @@ def _check_queue_name(queue: str) -> None:
         check_queue(queue)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-
-
-def jobs_json(page: JobPage) -> dict[str, Any]:
-    """A page as JSON (what ``--json`` and the API print)."""
-    return {"items": [j.to_json() for j in page.items], "next_cursor": page.next_cursor}
