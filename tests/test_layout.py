@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -163,3 +164,45 @@ def test_the_private_name_check_sees_both_forms() -> None:
         "jobfence.review.sample: app._fence",
     ]
     assert private_reaches("from .letters import _child\n", "jobfence.review", True) == []
+
+
+ARCHITECTURE = SRC.parents[1] / "docs" / "architecture.md"
+
+
+def _picture() -> str:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    return text.split("```", 2)[1]
+
+
+def drawn(picture: str) -> tuple[set[str], set[str]]:
+    """The folders (``x/``) and modules (``x.py``) a picture of the tree names."""
+    folders = set(re.findall(r"(?<![\w<./])([a-z_]+)/", picture))
+    modules = set(re.findall(r"(?<![\w.])([a-z_]+\.py)\b", picture))
+    return folders, modules
+
+
+def test_every_folder_and_module_the_architecture_draws_exists() -> None:
+    """docs/architecture.md's picture matches the tree: a folder or a module it names that
+    moved or went away fails here."""
+    folders, modules = drawn(_picture())
+    have_folders = {p.name for p in SRC.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+    have_modules = {p.name for p in library_modules()}
+    assert (sorted(folders - have_folders), sorted(modules - have_modules)) == ([], [])
+    assert {"core", "runtime", "review", "outbox", "db", "transports"} <= folders
+
+
+def test_the_check_of_the_picture_reads_folders_and_modules() -> None:
+    assert drawn(" runtime/  harness.py (screen) sql/<dialect>/ db.postgres.PgBatch") == (
+        {"runtime", "sql"},
+        {"harness.py"},
+    )
+
+
+def test_every_contract_the_architecture_lists_is_in_pyproject() -> None:
+    """The contracts docs/architecture.md lists are exactly pyproject.toml's."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    listed = re.findall(r"^- \*\*(.+?)\*\*", text.split("## The contracts", 1)[1], re.M)
+    config = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = [c["name"] for c in config["tool"]["importlinter"]["contracts"]]
+    assert sorted(listed) == sorted(contracts)
+    assert config["tool"]["importlinter"]["exclude_type_checking_imports"] is False

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
@@ -21,9 +20,9 @@ from .config import (
     same_database,
 )
 from .core import fence
-from .core.codec import Decoder, Schema, encode
+from .core.codec import Decoder, Schema
 from .core.fence import DEFAULT_FENCE_TTL
-from .core.jobs import check_job_id, check_queue, check_utf8
+from .core.jobs import OutgoingJob, check_queue, outgoing_job
 from .core.leases import default_holder
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
@@ -38,7 +37,7 @@ from .runtime.harness import Consumer, Handler
 from .runtime.hosted import wants_session
 from .runtime.maintenance import Maintenance
 from .runtime.worker import Worker
-from .store import OutgoingJob, Store
+from .store import Store
 from .transports import Transport, broker_from_url, check_payload_sizes, is_broker_url
 from .transports.database import (
     DatabaseQueue,
@@ -434,23 +433,9 @@ class App:
         delay: timedelta | float | None = None,
     ) -> OutgoingJob:
         """Validate and encode one job (what ``enqueue`` does before it writes)."""
-        try:
-            check_utf8("queue", check_queue(queue))
-            job_id = check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
-            check_utf8("job_id", job_id)
-            if correlation_id is not None:
-                if not isinstance(correlation_id, str) or "\x00" in correlation_id:
-                    raise ValueError("correlation_id must be a string without NUL characters")
-                if len(correlation_id) > 255:
-                    raise ValueError("correlation_id is longer than 255 characters")
-                check_utf8("correlation_id", correlation_id)
-            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay or 0)
-            if seconds < 0:
-                raise ValueError("delay must not be negative")
-            data = encode(payload)
-        except ValueError as exc:
-            raise EnqueueError(str(exc)) from None
-        return OutgoingJob(queue, job_id, data, correlation_id, seconds)
+        return outgoing_job(
+            queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay
+        )
 
     async def enqueue(
         self,

@@ -1,5 +1,6 @@
 """The store: schema migrations (apply, check the version) and enqueue into the database
-queue (one job, a batch — COPY on PostgreSQL — or in the caller's transaction).
+queue (one job, a batch — COPY on PostgreSQL — or in the caller's transaction). The job on
+its way in (:class:`~jobfence.core.jobs.OutgoingJob`) is the core's.
 
 The fence is :mod:`jobfence.core.fence`, dead letters :mod:`jobfence.review.letters`; every
 module runs its own aggregate's named queries (``sql/<dialect>/queries*.sql``).
@@ -8,10 +9,9 @@ module runs its own aggregate's named queries (``sql/<dialect>/queries*.sql``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from .core.jobs import partner_of
+from .core.jobs import OutgoingJob
 from .db import Database, Tx
 from .db.adopt import SyncConnection
 from .errors import SchemaError
@@ -19,30 +19,6 @@ from .sql import DEFAULT_SCHEMA, Dialect, migrations
 
 #: from this many jobs on, a bulk enqueue on PostgreSQL uses COPY instead of batched INSERTs
 COPY_THRESHOLD = 64
-
-
-@dataclass(frozen=True)
-class OutgoingJob:
-    """A job on its way into a queue."""
-
-    queue: str
-    job_id: str
-    payload: bytes
-    correlation_id: str | None = None
-    delay: float = 0.0  # seconds
-    #: the W3C trace context it travels with (:func:`jobfence.core.jobs.trace_context_of`)
-    trace_context: str | None = None
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "job_id": self.job_id,
-            "payload": self.payload,
-            "correlation_id": self.correlation_id,
-            "delay": float(self.delay),
-            "partner": partner_of(self.payload),
-            "trace_context": self.trace_context,
-        }
 
 
 class Store:

@@ -35,10 +35,10 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .. import tracing
+from ..core.jobs import OutgoingJob, outgoing_job
 from ..db import Database, Tx, to_datetime
 from ..db.adopt import SyncConnection, adopt_async
 from ..errors import ConfigurationError, EnqueueError, InvalidRequest
-from ..store import OutgoingJob
 
 log = logging.getLogger("jobfence.outbox")
 
@@ -62,9 +62,7 @@ def _event(
     key: str | None,
     correlation_id: str | None,
 ) -> dict[str, Any]:
-    from ..app import App
-
-    job = App.job(queue, payload, job_id=event_id, correlation_id=correlation_id)
+    job = outgoing_job(queue, payload, job_id=event_id, correlation_id=correlation_id)
     if key is not None:
         if not isinstance(key, str) or not key or "\x00" in key:
             raise EnqueueError("the ordering key must be a non-empty string without NUL")

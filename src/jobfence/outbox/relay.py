@@ -149,11 +149,7 @@ class Relay:
         app's queue is the job table of this same PostgreSQL database (unless
         ``one_transaction=False`` asks for the publish-then-mark rounds of other queues)."""
         transport = self.app.runtime.transport
-        possible = (
-            self.db.dialect == "postgresql"
-            and transport.shares_database
-            and transport.queue_db is self.db
-        )
+        possible = self.db.dialect == "postgresql" and transport.commits_with(self.db)
         if self._one_transaction and not possible:
             raise ConfigurationError(
                 "one_transaction=True needs the app's queue to be the job table of the same "

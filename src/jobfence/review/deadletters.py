@@ -36,9 +36,9 @@ from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar, get_args
 
 from .. import tracing
+from ..core.jobs import OutgoingJob
 from ..db import Database, Tx, to_datetime
 from ..errors import Category, InvalidRequest, NotFound, ReviewConflict
-from ..store import OutgoingJob
 from ..transports import Transport
 from .letters import DeadLetter, from_row, get_letter
 from .validation import (
@@ -234,11 +234,6 @@ def _entry(row: Mapping[str, Any]) -> AuditEntry:
         old_state=row.get("old_state"),
         new_state=row.get("new_state"),
     )
-
-
-def shares_transaction(transport: Transport) -> bool:
-    """Whether a replay can republish in its own transaction (the database queue, same db)."""
-    return transport.queue_db is not None and transport.shares_database
 
 
 async def record(
@@ -517,9 +512,10 @@ async def republish(
     replay_id: int | None = None,
 ) -> bool:
     """Carry out :func:`replay_outcomes` in ``tx``: mark the letters replayed, republish the
-    ``published`` ones with the same job_id (an INSERT in ``tx`` on the database queue of this
-    database, else a publish before ``tx`` commits) and audit each. True when jobs were
-    queued in ``tx`` (wake local workers after the commit)."""
+    ``published`` ones with the same job_id (:meth:`~jobfence.transports.Transport.publish_tx`:
+    written in ``tx`` on the database queue of this database, else published before ``tx``
+    commits) and audit each. True when jobs were queued in ``tx`` (wake local workers after
+    the commit)."""
     publish = [r.dead_letter_id for r in results if r.outcome == "published"]
     applied = [r.dead_letter_id for r in results if r.outcome == "already_applied"]
     if publish or applied:
@@ -527,25 +523,23 @@ async def republish(
             "dl_mark_replayed",
             {"ids": db.array(publish + applied), "actor": actor.name, "reason": reason},
         )
-    in_tx = shares_transaction(transport)
+    queued = False
     if publish:
         with await _replaying(db, tx, transport, publish) as trace_context:
-            if in_tx:
-                await tx.q("dl_requeue", {"ids": db.array(publish), "trace_context": trace_context})
-            else:
-                payloads = await tx.q("dl_payloads", {"ids": db.array(publish)})
-                await transport.publish(
-                    [
-                        OutgoingJob(
-                            r["queue"],
-                            r["job_id"],
-                            bytes(r["payload"]),
-                            r["correlation_id"],
-                            trace_context=trace_context or r["trace_context"],
-                        )
-                        for r in payloads
-                    ]
-                )
+            payloads = await tx.q("dl_payloads", {"ids": db.array(publish)})
+            queued = await transport.publish_tx(
+                tx,
+                [
+                    OutgoingJob(
+                        r["queue"],
+                        r["job_id"],
+                        bytes(r["payload"]),
+                        r["correlation_id"],
+                        trace_context=trace_context or r["trace_context"],
+                    )
+                    for r in payloads
+                ],
+            )
     for outcome, letters in (("published", publish), ("already_applied", applied)):
         if letters:
             await tx.q(
@@ -561,4 +555,4 @@ async def republish(
                     "old_state": "pending_review",
                 },
             )
-    return bool(publish) and in_tx
+    return queued

@@ -32,7 +32,6 @@ from .deadletters import (
     record,
     replay_outcomes,
     republish,
-    shares_transaction,
 )
 from .validation import checked_id, checked_limit, checked_reason, when_text
 
@@ -363,7 +362,7 @@ async def execute_replay(
     status = await replay_status(db, replay_id, actor=actor)
     why = checked_reason(reason, required=False) or f"bulk replay {replay_id}"
     step = batch_size if rate is None else max(1, min(batch_size, int(rate)))
-    if not shares_transaction(transport):
+    if not transport.commits_with(db):
         step = min(step, BROKER_BATCH)
     done, total = status.done, status.total
     if on_progress is not None:

@@ -147,6 +147,8 @@ class Harness:
         self.fence_ttl = fence_ttl
         self.payload_limit = payload_limit
         self.executor = executor
+        #: the queue is a table of the fence's database: a job's ack joins its transaction
+        self.acks_in_tx = transport.commits_with(db)
         self.fence_enabled = fence_enabled
         #: each delivery's ``process`` span (docs/tracing.md); None: no tracing work at all
         self.tracing = tracing
@@ -212,7 +214,7 @@ class Harness:
         if isinstance(screened, Outcome):
             return screened
         consumer, job = screened
-        ack_in_tx = self.transport.shares_database
+        ack_in_tx = self.acks_in_tx
         try:
             if consumer.host is not None:
                 fenced, duration = await self._hosted(consumer, delivery, job, ack=ack_in_tx)
@@ -303,8 +305,7 @@ class Harness:
         return (
             self.work is self.db
             and not any(c.host is not None for c in self.consumers.values())
-            and self.transport.shares_database
-            and self.transport.queue_db is not None
+            and self.acks_in_tx
             and self.db.supports_batch
         )
 
@@ -607,7 +608,7 @@ class Harness:
         code: str | None,
         failure: Failure | None = None,
     ) -> Outcome:
-        shares = self.transport.shares_database
+        shares = self.acks_in_tx
         try:
             letter_id, created = await letters.write(
                 self.db,

@@ -22,13 +22,13 @@ from ..core.jobs import (
     TRACESTATE,
     AttemptRecord,
     Delivery,
+    OutgoingJob,
     history_from,
     history_json,
     trace_context_of,
     trace_headers,
 )
 from ..errors import Category, ConfigurationError, tail
-from ..store import OutgoingJob
 
 #: Header / field names carried by every broker message.
 JOB_ID = "jobfence-job-id"

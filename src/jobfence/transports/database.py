@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..core.jobs import Delivery, history_from, history_json, partner_of
+from ..core.jobs import Delivery, OutgoingJob, history_from, history_json, partner_of
 from ..db import Database, Tx, to_datetime
 from ..errors import Category
-from ..store import OutgoingJob, Store
+from ..store import Store
 from . import Transport
 
 log = logging.getLogger("jobfence.transport")
@@ -130,6 +130,16 @@ class DatabaseQueue(Transport):
         self.check_payloads(jobs)
         await self.store.enqueue(jobs)
         self.wake()
+
+    async def publish_tx(self, tx: Tx, jobs: Sequence[OutgoingJob]) -> bool:
+        if not self.shares_database:
+            return await super().publish_tx(tx, jobs)
+        self.check_payloads(jobs)
+        await self.store.enqueue(jobs, tx=tx)
+        return True  # the caller wakes local workers after its commit
+
+    def commits_with(self, db: Database) -> bool:
+        return self.shares_database and self.db is db
 
     def wake(self) -> None:
         self._wake.set()

@@ -36,9 +36,8 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from ..core.jobs import Delivery
+from ..core.jobs import Delivery, OutgoingJob
 from ..errors import Category, ConfigurationError
-from ..store import OutgoingJob
 from . import Transport
 from ._broker import Meta, Options, ShieldedFetch, retry_record
 

@@ -28,9 +28,8 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from ...core.jobs import Delivery
+from ...core.jobs import Delivery, OutgoingJob
 from ...errors import Category, ConfigurationError, EnqueueError
-from ...store import OutgoingJob
 from .. import Transport
 from .._broker import (
     DELAY,

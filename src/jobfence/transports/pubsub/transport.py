@@ -23,9 +23,8 @@ from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOT
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 
-from ...core.jobs import Delivery
+from ...core.jobs import Delivery, OutgoingJob
 from ...errors import Category, ConfigurationError
-from ...store import OutgoingJob
 from .. import Transport
 from .._broker import Meta, Options, ShieldedFetch, retry_record
 from .attributes import ATTRIBUTES_RESERVE, MAX_MESSAGE_BYTES, attributes, read_meta
