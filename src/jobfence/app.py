@@ -39,6 +39,7 @@ from .runtime.maintenance import Maintenance
 from .runtime.worker import Worker
 from .store import Store
 from .transports import Transport, broker_from_url, check_payload_sizes, is_broker_url
+from .transports import database as database_queue
 from .transports.database import (
     DatabaseQueue,
     database_max_payload,
@@ -478,10 +479,15 @@ class App:
             with self._sending(jobs, self.transport.name) as traced:
                 await self.transport.publish(traced)
             return
-        store = self.store_for(connection)
-        _check_database_payloads(jobs, store.dialect)
-        with self._sending(jobs, store.dialect) as traced:
-            await store.enqueue(traced, tx=await self._as_tx(connection))
+        if self.is_open and not isinstance(self.transport, DatabaseQueue):
+            raise EnqueueError(
+                "enqueue in the caller's transaction needs the database queue; with a broker "
+                "transport write to the outbox instead"
+            )
+        tx = await self._as_tx(connection)
+        _check_database_payloads(jobs, tx.dialect)
+        with self._sending(jobs, tx.dialect) as traced:
+            await database_queue.enqueue(tx, traced)
 
     def _sending(
         self, jobs: Sequence[OutgoingJob], transport: str
@@ -490,18 +496,6 @@ class App:
         if self.tracing is None:
             return nullcontext(jobs)
         return self.tracing.send(jobs, transport)
-
-    def store_for(self, connection: Any) -> Store:
-        if self.is_open and isinstance(self.transport, DatabaseQueue):
-            if not self.transport.shares_database:
-                return self.transport.store
-            return self.store
-        if self.is_open:
-            raise EnqueueError(
-                "enqueue in the caller's transaction needs the database queue; with a broker "
-                "transport write to the outbox instead"
-            )
-        return Store(connect(self.url))
 
     async def _as_tx(self, connection: Any) -> Tx:
         return await adopt_async(
@@ -534,19 +528,19 @@ class App:
         if isinstance(connection, SyncTx):
             connection.run_sync(self.enqueue_many([job], connection=connection.async_tx))
             return job.job_id
-        store = Store(connect(self.url))
-        _check_database_payloads([job], store.dialect)
+        dialect = self.url.dialect
+        _check_database_payloads([job], dialect)
         if connection is None and current_tx.get() is not None and self.url.dialect == "sqlite":
             raise EnqueueError(
                 "inside a handler on SQLite, enqueue with connection=tx: a second write "
                 "transaction would wait for the handler's own"
             )
-        with self._sending([job], store.dialect) as traced:
+        with self._sending([job], dialect) as traced:
             if connection is not None:
-                store.enqueue_sync(connection, traced)
+                database_queue.enqueue_sync(connection, traced, dialect, self.url.schema)
             else:
                 with connect_sync(self.url) as conn:
-                    store.enqueue_sync(conn, traced)
+                    database_queue.enqueue_sync(conn, traced, dialect, self.url.schema)
         return job.job_id
 
     # -- workers ----------------------------------------------------------------------------

@@ -4,9 +4,11 @@ A transport hands over :class:`~jobfence.core.jobs.Delivery` objects and is told
 transaction has committed (or failed), what happened to each. Semantics live in the harness;
 an adapter only moves messages.
 
-``shares_database`` is True for a queue that lives in the same database as the fence: then
-the acknowledgement is a statement inside the work transaction (see
-:meth:`jobfence.store.Store.fence`) and :meth:`ack` is used only for dead letters' twins.
+``shares_database`` is True for a queue that lives in the same database as the fence
+(:meth:`Transport.commits_with` that database): then the acknowledgement is a statement
+inside the work transaction (:func:`jobfence.core.fence.work`) and :meth:`ack` is used only
+for dead letters' twins; :meth:`Transport.publish_tx` writes jobs in the caller's
+transaction.
 """
 
 from __future__ import annotations
