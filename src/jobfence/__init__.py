@@ -36,8 +36,7 @@ from .errors import (
     classify,
 )
 from .observers import Observer
-from .outbox import OutboxEvent
-from .outbox.relay import Relay
+from .outbox.relay import OutboxEvent, Relay
 from .review.deadletters import Actor
 from .review.deadletters import discard as discard_dead_letter
 from .review.deadletters import letters as list_dead_letters

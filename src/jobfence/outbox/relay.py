@@ -20,28 +20,74 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from prometheus_client import Counter
 
+from ..core.jobs import OutgoingJob
 from ..core.retry import RetryPolicy
 from ..db import Database, Tx
 from ..errors import Category, ConfigurationError, classify, describe, error_code
 from ..metrics import RELAYS
 from ..runtime.context import RuntimeSource
 from ..runtime.health import Health, register, unregister
-from . import (  # also importable from here
-    DEFAULT_RETENTION,
-    PUBLISH_FAILED_RETRY,
-    OnPublished,
-    OutboxEvent,
-    RelayObserver,
-    RelayStats,
-    cleanup,
-)
+from . import DEFAULT_RETENTION, PUBLISH_FAILED_RETRY, cleanup
 
 log = logging.getLogger("jobfence.relay")
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """An event as a relay publishes it."""
+
+    id: int
+    event_id: str
+    queue: str
+    ordering_key: str | None
+    correlation_id: str | None
+    payload: bytes
+    attempts: int
+    claim: Any = None
+    #: the W3C trace context of the event's ``create`` span; its job carries it
+    trace_context: str | None = None
+
+    def job(self) -> OutgoingJob:
+        return OutgoingJob(
+            self.queue,
+            self.event_id,
+            self.payload,
+            self.correlation_id,
+            trace_context=self.trace_context,
+        )
+
+
+class RelayObserver:
+    """Hooks of a relay; no-ops by default. A hook that raises is logged and ignored."""
+
+    async def published(self, events: Sequence[OutboxEvent]) -> None:
+        """The transport accepted ``events``; they are not marked published yet (a crash now
+        means they are published again, and the consumer's fence absorbs it). On the
+        database queue of the same database (:attr:`Relay.direct`) they are queued and
+        marked in one transaction, and this runs after its commit."""
+
+    def publish_failed(self, event: OutboxEvent, error: str, gave_up: bool) -> None:
+        """One attempt failed; ``gave_up`` when the event is now PUBLISH_FAILED_RETRY."""
+
+
+OnPublished = Callable[[Tx, Sequence[OutboxEvent]], Awaitable[None]]
+
+
+@dataclass
+class RelayStats:
+    published: int = 0
+    failed_attempts: int = 0
+    gave_up: int = 0
+    rounds: int = 0
+    cleaned: int = 0
+
 
 CHANNEL = "jobfence_outbox"
 #: Seed 004 §10.3: the outbox publisher makes 5 attempts, then PUBLISH_FAILED_RETRY.
