@@ -198,6 +198,47 @@ class LetterView:
 
 
 @dataclass(frozen=True)
+class LetterLock:
+    """A letter locked for a review decision (``dl_lock_for_review``): what a replay or a
+    discard decides on."""
+
+    id: int
+    status: str
+    partner: str | None
+    payload_truncated: bool
+    queue: str
+    consumer: str
+    job_id: str
+    reviewed_by: str | None
+    reviewed_at: datetime | None
+    #: its job_id is fenced for its consumer: its effect exists
+    applied: bool
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> LetterLock:
+        return cls(
+            id=int(row["id"]),
+            status=row["status"],
+            partner=row["partner"],
+            payload_truncated=bool(row["payload_truncated"]),
+            queue=row["queue"],
+            consumer=row["consumer"],
+            job_id=row["job_id"],
+            reviewed_by=row["reviewed_by"],
+            reviewed_at=to_datetime(row["reviewed_at"]),
+            applied=bool(row["applied"]),
+        )
+
+    @property
+    def decided(self) -> str:
+        """Why no review decision can be made on it any more."""
+        return (
+            f"dead letter {self.id} was already {self.status} by {self.reviewed_by} at "
+            f"{when_text(self.reviewed_at)}; a review decision is final"
+        )
+
+
+@dataclass(frozen=True)
 class ItemResult:
     dead_letter_id: int
     outcome: ItemOutcome
@@ -205,13 +246,6 @@ class ItemResult:
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def _decided(row: Mapping[str, Any]) -> str:
-    return (
-        f"dead letter {row['id']} was already {row['status']} by {row['reviewed_by']} at "
-        f"{when_text(row['reviewed_at'])}; a review decision is final"
-    )
 
 
 def _entry(row: Mapping[str, Any]) -> AuditEntry:
@@ -394,11 +428,11 @@ async def discard(db: Database, letter_id: int, *, actor: Actor, reason: str) ->
             "dl_discard",
             {"id": letter_id, "actor": actor.name, "reason": why, "scope": actor.partner},
         )
-        rows = await tx.q("dl_lock_for_review", {"ids": db.array([letter_id])})
-        if not rows or not actor.sees(rows[0]["partner"]):
+        row = (await lock_for_review(db, tx, [letter_id])).get(letter_id)
+        if row is None or not actor.sees(row.partner):
             raise NotFound(f"no dead letter {letter_id}")
         if not done:
-            raise ReviewConflict(_decided(rows[0]))
+            raise ReviewConflict(row.decided)
         await tx.q(
             "audit_letters",
             {
@@ -438,10 +472,10 @@ async def replay(
     async with db.transaction() as tx:
         rows = await lock_for_review(db, tx, [letter_id])
         row = rows.get(letter_id)
-        if row is None or not actor.sees(row["partner"]):
+        if row is None or not actor.sees(row.partner):
             raise NotFound(f"no dead letter {letter_id}")
-        if row["status"] != "pending_review":
-            raise ReviewConflict(_decided(row))
+        if row.status != "pending_review":
+            raise ReviewConflict(row.decided)
         (result,) = replay_outcomes(rows, [letter_id], actor)
         if result.outcome == "truncated":
             raise ReviewConflict(f"dead letter {letter_id}: {result.detail}")
@@ -451,30 +485,33 @@ async def replay(
     return result
 
 
-async def lock_for_review(db: Database, tx: Tx, ids: Sequence[int]) -> dict[int, Any]:
+async def lock_for_review(db: Database, tx: Tx, ids: Sequence[int]) -> dict[int, LetterLock]:
     """The letters ``ids``, locked for a review decision in ``tx``, by id."""
-    return {int(r["id"]): r for r in await tx.q("dl_lock_for_review", {"ids": db.array(ids)})}
+    rows = await tx.q("dl_lock_for_review", {"ids": db.array(ids)})
+    return {lock.id: lock for lock in map(LetterLock.from_row, rows)}
 
 
-def replay_outcomes(rows: Mapping[int, Any], ids: Sequence[int], actor: Actor) -> list[ItemResult]:
+def replay_outcomes(
+    rows: Mapping[int, LetterLock], ids: Sequence[int], actor: Actor
+) -> list[ItemResult]:
     """What replaying each of ``ids`` would do, from their locked rows: ``published``,
     ``already_applied`` (the job_id is fenced: its effect exists), ``truncated`` or
     ``not_pending`` (not found in scope, or already decided)."""
     results: list[ItemResult] = []
     for letter_id in ids:
         row = rows.get(letter_id)
-        if row is None or not actor.sees(row["partner"]):
+        if row is None or not actor.sees(row.partner):
             results.append(ItemResult(letter_id, "not_pending", "not found in scope"))
-        elif row["status"] != "pending_review":
-            detail = f"already {row['status']} by {row['reviewed_by']}"
+        elif row.status != "pending_review":
+            detail = f"already {row.status} by {row.reviewed_by}"
             results.append(ItemResult(letter_id, "not_pending", detail))
-        elif row["payload_truncated"]:
+        elif row.payload_truncated:
             detail = (
                 "its payload was truncated when it was dead-lettered, so it cannot be "
                 "republished; recover the job from its source, then discard this letter"
             )
             results.append(ItemResult(letter_id, "truncated", detail))
-        elif row["applied"]:
+        elif row.applied:
             detail = "its job_id is fenced (the effect exists): marked replayed, not republished"
             results.append(ItemResult(letter_id, "already_applied", detail))
         else:
