@@ -212,7 +212,14 @@ async def _replay(request: Request, replay_id: int, user: User) -> dict[str, Any
     actor = actor_of(user.principal)
     status = await replays.replay_status(db, replay_id, actor=actor)
     sample = await replays.replay_items(db, replay_id, actor=actor, limit=20)
-    return {"replay": status, "items": sample.items}
+    breakdown = await replays.replay_breakdown(db, replay_id, actor=actor)
+    return {
+        "replay": status,
+        "items": sample.items,
+        "breakdown": breakdown,
+        "applied": sum(b["applied"] for b in breakdown),
+        "truncated": sum(b["truncated"] for b in breakdown),
+    }
 
 
 @router.post("/ui/replays/{replay_id}/run")
