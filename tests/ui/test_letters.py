@@ -124,7 +124,7 @@ async def test_replay_one_letter(console: Console) -> None:
         console.database_url,
         "SELECT actor, via, action, reason FROM core.audit_log WHERE dead_letter_id = %s",
         (letter,),
-    ) == [("otto", "api", "dead_letter.replay", "ERP is back")]
+    ) == [("otto", "console", "dead_letter.replay", "ERP is back")]
 
 
 async def test_discard_needs_a_reason(console: Console) -> None:

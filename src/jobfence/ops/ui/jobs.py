@@ -13,10 +13,10 @@ from ... import discards, jobctl
 from ...app import App
 from ...db import Database
 from ...errors import InvalidRequest
-from ..deps import MAX_ID, actor_of, jobfence_app
+from ..deps import MAX_ID, jobfence_app
 from .letters import _form, _time, letter_filter
 from .render import link, page, payload_view, redirect
-from .session import Refused, User, operator, signed_in
+from .session import Refused, User, actor_of, flash, operator, signed_in
 
 router = APIRouter()
 SIGNED_IN: Any = Depends(signed_in)
@@ -108,8 +108,11 @@ async def cancel_job(request: Request, job: int = JOB, user: User = OPERATOR) ->
         consumers={q: c.name for q, c in jf.consumers.items()},
         queue_db=queue_db(jf),
     )
-    user.session.flash.append(
-        ("ok", f"Job {done.job.job_id} cancelled: kept as dead letter {done.dead_letter_id}")
+    await flash(
+        request,
+        user,
+        "ok",
+        f"Job {done.job.job_id} cancelled: kept as dead letter {done.dead_letter_id}",
     )
     return redirect(f"/ui/dead-letters/{done.dead_letter_id}")
 
@@ -125,7 +128,7 @@ async def retry_now(request: Request, job: int = JOB, user: User = OPERATOR) -> 
         reason=form.get("reason") or None,
         queue_db=queue_db(jf),
     )
-    user.session.flash.append(("ok", f"Job {job} is due now"))
+    await flash(request, user, "ok", f"Job {job} is due now")
     return redirect(f"/ui/jobs/{job}")
 
 
@@ -159,7 +162,7 @@ async def pause_or_resume(
         reason=form.get("reason") or None,
         queue_db=queue_db(jf),
     )
-    user.session.flash.append(("ok", f"Queue {queue} {action}d"))
+    await flash(request, user, "ok", f"Queue {queue} {action}d")
     return redirect("/ui/queues")
 
 
@@ -222,5 +225,5 @@ async def run_discard(request: Request, user: User = OPERATOR) -> Response:
         )
     except InvalidRequest as exc:
         return await _discard_preview(request, user, error=str(exc))
-    user.session.flash.append(("ok", f"{done.discarded} dead letters discarded"))
+    await flash(request, user, "ok", f"{done.discarded} dead letters discarded")
     return redirect("/ui/dead-letters?status=discarded")

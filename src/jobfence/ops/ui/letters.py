@@ -13,9 +13,9 @@ from fastapi.responses import Response
 from ... import deadletters as service
 from ... import replays
 from ...errors import Category, InvalidRequest
-from ..deps import MAX_ID, actor_of, jobfence_app
+from ..deps import MAX_ID, jobfence_app
 from .render import link, page, payload_view, redirect, secure
-from .session import Refused, User, operator, signed_in
+from .session import Refused, User, actor_of, flash, operator, signed_in
 
 router = APIRouter()
 SIGNED_IN: Any = Depends(signed_in)
@@ -147,9 +147,7 @@ async def replay_letter(
         actor=actor_of(user.principal),
         reason=form.get("reason") or None,
     )
-    user.session.flash.append(
-        ("ok", f"Dead letter {letter_id}: {result.outcome.replace('_', ' ')}")
-    )
+    await flash(request, user, "ok", f"Dead letter {letter_id}: {result.outcome.replace('_', ' ')}")
     return redirect(f"/ui/dead-letters/{letter_id}")
 
 
@@ -164,7 +162,7 @@ async def discard_letter(
         actor=actor_of(user.principal),
         reason=form.get("reason", ""),
     )
-    user.session.flash.append(("ok", f"Dead letter {letter_id} discarded"))
+    await flash(request, user, "ok", f"Dead letter {letter_id} discarded")
     return redirect(f"/ui/dead-letters/{letter_id}")
 
 
@@ -243,5 +241,5 @@ async def run_replay(request: Request, replay_id: int = REPLAY, user: User = OPE
         rate=rate,
         reason=form.get("reason") or None,
     )
-    user.session.flash.append(("ok", f"Bulk replay {replay_id} started"))
+    await flash(request, user, "ok", f"Bulk replay {replay_id} started")
     return redirect(f"/ui/replays/{replay_id}")
