@@ -111,6 +111,22 @@ async def test_replay_one_letter(console: Console) -> None:
     (letter,) = await seed_letters(console.database_url, [letter_params("postgresql", "o-1")])
     page = await console.signed_in(console.tokens.operator)
     await page.goto(f"/ui/dead-letters/{letter}")
+    facts = dict(
+        zip(
+            await page.locator("dl.facts dt").all_inner_texts(),
+            await page.locator("dl.facts dd").all_inner_texts(),
+            strict=True,
+        )
+    )
+    assert {k: facts[k] for k in ("Queue", "Consumer", "Job id", "Category", "Attempts")} == {
+        "Queue": "points.credit",
+        "Consumer": "points.credit",
+        "Job id": "o-1",
+        "Category": "TEMPORARY_ERROR TemporaryError",
+        "Attempts": "6",
+    }
+    await expect(page.locator("pre.error").first).to_have_text("TemporaryError: ERP answered 503")
+    await expect(page.locator("pre.payload")).to_contain_text('"member_id": "o-1"')
     await console.shot(page, "letter")
     await page.fill("form[action$='/replay'] input[name=reason]", "ERP is back")
     await page.click("form[action$='/replay'] button")
@@ -131,10 +147,11 @@ async def test_discard_needs_a_reason(console: Console) -> None:
     (letter,) = await seed_letters(console.database_url, [letter_params("postgresql", "d-1")])
     page = await console.signed_in(console.tokens.operator)
     await page.goto(f"/ui/dead-letters/{letter}")
+    await page.fill("form[action$='/discard'] input[name=reason]", " ")
     await page.click("form[action$='/discard'] button")
     await expect(page.locator(".flash.error")).to_contain_text("a discard needs a reason")
+    await expect(page.locator("h1")).to_have_text(f"Dead letter {letter} pending_review")
     assert await status_of(console, letter) == "pending_review"
-    await page.goto(f"/ui/dead-letters/{letter}")
     await page.fill("form[action$='/discard'] input[name=reason]", "order cancelled, OPS-7")
     await page.click("form[action$='/discard'] button")
     await expect(page.locator("h1 .badge")).to_have_text("discarded")
@@ -213,6 +230,10 @@ async def test_bulk_replay_of_selected_letters(console: Console) -> None:
         await page.check(f"input[name=ids][value='{letter}']")
     await page.click("button[value=selected]:has-text('Replay selected')")
     await expect(page.locator("#total")).to_have_text("2")
+    await expect(page.locator("#breakdown tbody tr")).to_have_text(
+        ["points.credit TEMPORARY_ERROR 2 0 0"], use_inner_text=True
+    )
+    assert await page.locator("#replay-items td.mono").all_inner_texts() == ["s-0", "s-1"]
     await page.click("text=Confirm: replay 2 letters")
     await expect(page.locator("#replay-state")).to_have_text("done", timeout=20_000)
     assert await query(

@@ -4,6 +4,7 @@ their counts, pause and resume; and bulk discard of dead letters (:mod:`jobfence
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Request
@@ -15,7 +16,7 @@ from ...db import Database
 from ...errors import InvalidRequest
 from ..deps import MAX_ID, jobfence_app
 from .letters import _form, _time, letter_filter
-from .render import link, page, payload_view, redirect
+from .render import link, page, payload_view, plural, redirect
 from .session import Refused, User, actor_of, flash, operator, signed_in
 
 router = APIRouter()
@@ -80,6 +81,7 @@ async def list_jobs(request: Request, user: User = SIGNED_IN) -> Response:
         status=422 if error else 200,
         error=error,
         jobs=items,
+        now=datetime.now(UTC),  # a waiting job due later shows as delayed
         filters=kept,
         states=jobctl.JOB_STATES,
         next_url=link("/ui/jobs", **kept, after=cursor) if cursor else None,
@@ -89,10 +91,25 @@ async def list_jobs(request: Request, user: User = SIGNED_IN) -> Response:
 
 @router.get("/ui/jobs/{job}")
 async def show_job(request: Request, job: int = JOB, user: User = SIGNED_IN) -> Response:
+    return await _job_page(request, job, user)
+
+
+async def _job_page(
+    request: Request, job: int, user: User, *, error: str | None = None
+) -> Response:
+    """One job's page; with ``error`` (a refused action), 422 with the message above it."""
     jf = jobfence_app(request)
     view = await jobctl.show_job(queue_db(jf), job, actor=actor_of(user.principal))
     return page(
-        request, "job.html", user, view=view, job=view.job, payload=payload_view(view.payload)
+        request,
+        "job.html",
+        user,
+        status=422 if error else 200,
+        error=error,
+        view=view,
+        job=view.job,
+        now=datetime.now(UTC),
+        payload=payload_view(view.payload),
     )
 
 
@@ -100,14 +117,17 @@ async def show_job(request: Request, job: int = JOB, user: User = SIGNED_IN) -> 
 async def cancel_job(request: Request, job: int = JOB, user: User = OPERATOR) -> Response:
     jf = jobfence_app(request)
     form = await _form(request)
-    done = await jobctl.cancel_job(
-        jf.db,
-        job,
-        actor=actor_of(user.principal),
-        reason=form.get("reason", ""),
-        consumers={q: c.name for q, c in jf.consumers.items()},
-        queue_db=queue_db(jf),
-    )
+    try:
+        done = await jobctl.cancel_job(
+            jf.db,
+            job,
+            actor=actor_of(user.principal),
+            reason=form.get("reason", ""),
+            consumers={q: c.name for q, c in jf.consumers.items()},
+            queue_db=queue_db(jf),
+        )
+    except InvalidRequest as exc:  # the job's page again, with why
+        return await _job_page(request, job, user, error=str(exc))
     await flash(
         request,
         user,
@@ -225,5 +245,5 @@ async def run_discard(request: Request, user: User = OPERATOR) -> Response:
         )
     except InvalidRequest as exc:
         return await _discard_preview(request, user, error=str(exc))
-    await flash(request, user, "ok", f"{done.discarded} dead letters discarded")
+    await flash(request, user, "ok", f"{plural(done.discarded, 'dead letter')} discarded")
     return redirect("/ui/dead-letters?status=discarded")

@@ -105,11 +105,21 @@ async def list_letters(request: Request, user: User = SIGNED_IN) -> Response:
 async def show_letter(
     request: Request, letter_id: int = LETTER, user: User = SIGNED_IN
 ) -> Response:
+    return await _letter_page(request, letter_id, user)
+
+
+async def _letter_page(
+    request: Request, letter_id: int, user: User, *, error: str | None = None
+) -> Response:
+    """One letter's page; with ``error`` (a refused action), 422 with the message above its
+    forms (the letter stays on screen)."""
     view = await service.show(jobfence_app(request).db, letter_id, actor=actor_of(user.principal))
     return page(
         request,
         "letter.html",
         user,
+        status=422 if error else 200,
+        error=error,
         view=view,
         letter=view.letter,
         payload=payload_view(view.letter.payload),
@@ -156,12 +166,15 @@ async def discard_letter(
     request: Request, letter_id: int = LETTER, user: User = OPERATOR
 ) -> Response:
     form = await _form(request)
-    await service.discard(
-        jobfence_app(request).db,
-        letter_id,
-        actor=actor_of(user.principal),
-        reason=form.get("reason", ""),
-    )
+    try:
+        await service.discard(
+            jobfence_app(request).db,
+            letter_id,
+            actor=actor_of(user.principal),
+            reason=form.get("reason", ""),
+        )
+    except InvalidRequest as exc:  # the letter's page again, with why
+        return await _letter_page(request, letter_id, user, error=str(exc))
     await flash(request, user, "ok", f"Dead letter {letter_id} discarded")
     return redirect(f"/ui/dead-letters/{letter_id}")
 

@@ -13,7 +13,7 @@ from ... import outbox
 from ...errors import InvalidRequest
 from ..deps import MAX_ID, database
 from .letters import _time
-from .render import CSP_SWAGGER, link, page, redirect, secure
+from .render import CSP_SWAGGER, link, page, plural, redirect, secure
 from .session import Refused, User, actor_of, flash, operator, signed_in
 
 router = APIRouter()
@@ -76,7 +76,7 @@ async def redrive(request: Request, user: User = OPERATOR) -> Response:
         event_ids=ids,
         via="console",
     )
-    await flash(request, user, "ok", f"{len(done)} events re-driven")
+    await flash(request, user, "ok", f"{plural(len(done), 'event')} re-driven")
     return redirect("/ui/outbox?state=PENDING")
 
 
