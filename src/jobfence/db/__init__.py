@@ -425,6 +425,13 @@ class Database(ABC):
     """
 
     dialect: Dialect
+    #: Check each connection as it leaves the pool (one empty query) and replace a dead one,
+    #: and give up on a checkout after :attr:`checkout_timeout` seconds (DatabaseUnavailable):
+    #: for servers that must outlive a database restart without failing a request on a stale
+    #: connection, and answer "unavailable" quickly while it is down (the ops server). Off by
+    #: default: a worker's transactions do without the extra round trip.
+    check_connections: bool = False
+    checkout_timeout: float = 5.0
 
     def __init__(self, url: DatabaseURL) -> None:
         self.url = url
@@ -508,10 +515,17 @@ def connect(url: DatabaseURL) -> Database:
 
 
 # the drivers' errors, translated (registers their classifiers with jobfence.errors)
-from .translate import DATA_ERROR, is_data_error, is_unique_violation  # noqa: E402
+from .translate import (  # noqa: E402
+    DATA_ERROR,
+    DRIVER_ERROR,
+    is_connection_lost,
+    is_data_error,
+    is_unique_violation,
+)
 
 __all__ = [
     "DATA_ERROR",
+    "DRIVER_ERROR",
     "BatchLost",
     "Database",
     "Params",
@@ -522,6 +536,7 @@ __all__ = [
     "WorkSource",
     "connect",
     "current_tx",
+    "is_connection_lost",
     "is_data_error",
     "is_unique_violation",
     "to_datetime",

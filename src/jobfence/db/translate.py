@@ -63,6 +63,22 @@ def is_unique_violation(exc: BaseException) -> bool:
 
 #: what a driver raises for a value the database cannot store or compare (out of range…)
 DATA_ERROR: type[Exception] = psycopg.DataError
+#: the base class of what the PostgreSQL driver raises (for handlers of the doors)
+DRIVER_ERROR: type[Exception] = psycopg.Error
+
+#: SQLSTATEs of a server going away: admin_shutdown, crash_shutdown, cannot_connect_now
+_SHUTDOWN_STATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def is_connection_lost(exc: BaseException) -> bool:
+    """The database went away under a statement (a restart, a lost or refused connection),
+    rather than refusing the statement itself."""
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    if isinstance(exc, psycopg.OperationalError):
+        state = exc.sqlstate
+        return state is None or state.startswith("08") or state in _SHUTDOWN_STATES
+    return False
 
 
 def is_data_error(exc: BaseException) -> bool:

@@ -58,6 +58,11 @@ def create_app(
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         jf = ops.jobfence
         await jf.open()
+        # a request never fails on a connection a database restart left stale, and an
+        # outage answers 503 within seconds (docs/ops-api.md)
+        jf.db.check_connections = True
+        if jf.transport.queue_db is not None:
+            jf.transport.queue_db.check_connections = True
         api.state.jobfence = jf
         api.state.jobfence_db = jf.db
         try:
