@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 
-from ... import deadletters as service
 from ...db import Database
+from ...review import deadletters as service
 from ..auth import Principal, authenticate_hash
 from ..deps import database
 
