@@ -11,8 +11,8 @@ from datetime import timedelta
 
 from playwright.async_api import Locator, expect
 
-from jobfence.deadletters import Actor
 from jobfence.ops.auth import create_token
+from jobfence.review.deadletters import Actor
 
 from ..deadletters.conftest import letter_params, opened, seed_letters
 from ..helpers import query, scalar

@@ -4,7 +4,7 @@
   a server-side session; the cookie holds a random session id (256 bits) and nothing else.
 - Every request re-checks the token by its hash, so revoking or expiring the token ends its
   sessions at once; a session also ends after ``ttl`` (absolute) or ``idle`` without a request,
-  and at sign-out (the server forgets it: a copied cookie is useless afterwards).
+  and at sign-out (it is revoked: a copied cookie is useless afterwards, on every replica).
 - Every state-changing request must carry the session's CSRF token (form field ``csrf`` or
   header ``X-CSRF-Token``) and come from the console's own origin (``Origin``, else
   ``Referer``, must name the host the request was sent to). SameSite=Strict already keeps the
