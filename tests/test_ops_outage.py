@@ -50,7 +50,12 @@ async def test_ops_serve_survives_a_postgresql_restart_and_outage(
             headers={"Authorization": f"Bearer {tokens.viewer}"},
             timeout=30,
         ) as client,
+        httpx.AsyncClient(
+            base_url=server.url, headers={"Origin": server.url}, timeout=30
+        ) as console,
     ):
+        signin = await console.post("/ui/login", data={"token": tokens.viewer})
+        assert signin.status_code == 303
         # fill the pool: several connections, each of which the restart will leave stale
         for r in await _get_many(client, "/v1/dead-letters", 8):
             assert r.status_code == 200, r.text
@@ -73,6 +78,10 @@ async def test_ops_serve_survives_a_postgresql_restart_and_outage(
             assert body["code"] == "UNAVAILABLE"
             assert body["title"] == "Database unavailable"
             assert r.headers["retry-after"] == "5"
+        page = await console.get("/ui/dead-letters")  # the console: a page, not a crash
+        assert page.status_code == 503
+        assert page.headers["content-type"].startswith("text/html")
+        assert "the database is unreachable" in page.text
         live = await client.get("/livez")
         assert live.status_code == 200  # liveness never asks the database
         assert server.proc.poll() is None
@@ -88,4 +97,7 @@ async def test_ops_serve_survives_a_postgresql_restart_and_outage(
         ready = await client.get("/readyz")
         assert ready.status_code == 200
         assert ready.json() == {"status": "ok"}
+        page = await console.get("/ui/dead-letters")  # the session outlived the outage
+        assert page.status_code == 200
+        assert "o-2" in page.text
     assert "Traceback" not in server.output()
