@@ -278,10 +278,30 @@ def classify(exc: BaseException) -> Category:
     return Category.TECHNICAL_ERROR
 
 
+Coder = Callable[[BaseException], "str | None"]
+_coders: list[Coder] = []
+
+
+def register_coder(coder: Coder) -> None:
+    """Let a driver or an ORM name the jobfence code of its exceptions (``DB_LOCKED``,
+    ``TX_ABORTED``…; None: not mine), so that a dead letter never carries a library's
+    internal code (SQLAlchemy's ``e3q8``)."""
+    if coder not in _coders:
+        _coders.append(coder)
+
+
 def error_code(exc: BaseException) -> str | None:
-    """A short code for the dead letter: the handler's own, else the exception's class name."""
+    """A short code for the dead letter: the handler's own (a :class:`HandlerError`'s
+    ``code``), else jobfence's code for a driver's or an ORM's error (translated at the edge,
+    see :func:`register_coder`), else the exception's class name."""
+    if isinstance(exc, HandlerError) and exc.code:
+        return exc.code
+    for coder in _coders:
+        found = coder(exc)
+        if found is not None:
+            return found
     code = getattr(exc, "code", None)
-    if isinstance(code, str) and code:
+    if not isinstance(exc, HandlerError) and isinstance(code, str) and code:
         return code
     sqlstate = getattr(exc, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate:

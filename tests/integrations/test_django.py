@@ -243,12 +243,13 @@ BOUNDARY = {
         "postgresql": ("TX_ENDED", "rolled back on the psycopg connection"),
         "sqlite": ("TX_CONTROL_REFUSED", "ran ROLLBACK"),
     },
-    # a failed statement the handler caught and carried on after: the transaction cannot
-    # commit (PostgreSQL aborts it; on SQLite jobfence fails the job the same way)
+    # a failed statement the handler caught and carried on after, through the cursor or the
+    # ORM: the transaction cannot commit (PostgreSQL aborts it; on SQLite jobfence fails the
+    # job the same way) — the one rule of every integration (docs/concepts.md)
     "caught-sql-error": ("TX_ABORTED", "caught the error and returned normally"),
-    # set_rollback(True), or an ORM error caught inside the block (Django marks the block
-    # for rollback): it would roll back silently; the job fails instead
-    "caught-orm-error": ("TX_ROLLBACK_ONLY", "marked for rollback"),
+    "caught-orm-error": ("TX_ABORTED", "caught the error and returned normally"),
+    # set_rollback(True): the handler rolled back work it had not scoped itself; it would
+    # roll back silently, the job fails instead
     "set-rollback": ("TX_ROLLBACK_ONLY", "marked for rollback"),
 }
 
