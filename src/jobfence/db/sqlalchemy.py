@@ -50,6 +50,7 @@ _tokens = itertools.count(1)
 _PID = os.getpid()
 
 
+
 def _kind(engine: Engine | AsyncEngine) -> Dialect:
     if not isinstance(engine, Engine | AsyncEngine):
         raise ConfigurationError(

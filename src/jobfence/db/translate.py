@@ -128,6 +128,12 @@ def driver_code(exc: BaseException) -> str | None:
         if isinstance(found, psycopg.OperationalError | psycopg.InterfaceError):
             return "DB_UNAVAILABLE"
         return type(found).__name__
+    if type(exc).__module__.startswith("sqlalchemy."):
+        # SQLAlchemy's ``code`` is an internal link key (``7s2a``), not for people: a session
+        # that must be rolled back after a failed statement is TX_ABORTED; the rest by name
+        if type(exc).__name__ == "PendingRollbackError":
+            return "TX_ABORTED"
+        return type(exc).__name__
     return None
 
 
