@@ -50,7 +50,6 @@ _tokens = itertools.count(1)
 _PID = os.getpid()
 
 
-
 def _kind(engine: Engine | AsyncEngine) -> Dialect:
     if not isinstance(engine, Engine | AsyncEngine):
         raise ConfigurationError(

@@ -121,7 +121,9 @@ def driver_code(exc: BaseException) -> str | None:
         name = getattr(found, "sqlite_errorname", None)
         if name == "SQLITE_CONSTRAINT_UNIQUE" or name == "SQLITE_CONSTRAINT_PRIMARYKEY":
             return "DB_UNIQUE_VIOLATION"
-        return name if isinstance(name, str) and name else type(found).__name__
+        if isinstance(name, str) and name.startswith("SQLITE_CONSTRAINT"):
+            return name  # SQLITE_CONSTRAINT_NOTNULL, _CHECK, _FOREIGNKEY…
+        return type(found).__name__
     if isinstance(found, psycopg.Error):
         if found.sqlstate:
             return _PG_CODES.get(found.sqlstate, f"SQLSTATE {found.sqlstate}")
