@@ -6,6 +6,7 @@ The tree::
     ├── ConfigurationError             bad settings, bad URLs, bad policies (refused up front)
     │   └── MissingExtra               an optional dependency is not installed (also ImportError)
     ├── DatabaseUnavailable            the database cannot be reached (retryable for jobs)
+    │   └── DatabaseLocked             SQLite: another connection held the write lock too long
     ├── EnqueueError                   a job that cannot be enqueued (bad job_id, unknown queue…)
     ├── SchemaError                    the database is missing or behind its migrations
     ├── ReviewConflict                 a dead-letter action lost a race or hit the wrong state
@@ -148,6 +149,14 @@ def require_extra(extra: str, feature: str, *modules: str) -> None:
 
 class DatabaseUnavailable(JobfenceError):
     """The database could not be reached; the message names it (without its password)."""
+
+
+class DatabaseLocked(DatabaseUnavailable):
+    """SQLite: the write lock (one per file) was not released within the lock timeout — on
+    SQLite a running job's transaction holds it until its handler returns. Nothing was
+    changed; the message says so and what to do."""
+
+    code = "DB_LOCKED"
 
 
 class EnqueueError(JobfenceError):

@@ -519,15 +519,17 @@ class WorkSource(Protocol):
     ) -> AbstractAsyncContextManager[tuple[Tx, list[list[Row]]]]: ...
 
 
-def connect(url: DatabaseURL) -> Database:
-    """A (not yet opened) :class:`Database` for a URL."""
+def connect(url: DatabaseURL, *, lock_timeout: float | None = None) -> Database:
+    """A (not yet opened) :class:`Database` for a URL. ``lock_timeout`` (SQLite): how long a
+    write waits for the file's one write lock before it fails with
+    :class:`~jobfence.errors.DatabaseLocked` (default 30 s)."""
     if url.dialect == "postgresql":
         from .postgres import PostgresDatabase
 
         return PostgresDatabase(url)
     from .sqlite import SQLiteDatabase
 
-    return SQLiteDatabase(url)
+    return SQLiteDatabase(url, lock_timeout=lock_timeout)
 
 
 # the drivers' errors, translated (registers their classifiers with jobfence.errors)
