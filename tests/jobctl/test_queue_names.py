@@ -76,3 +76,38 @@ def test_the_cli_pauses_and_resumes_any_queue_name(
         code, out, err = jobfence(capsys, "queues", "resume", name, "--database-url", url)
         assert code == 0, err
     assert asyncio.run(paused(url)) == []
+
+
+async def test_queue_names_are_partner_scoped_when_read(ops: OpsServer) -> None:
+    """Issue 28, point 7: a partner-scoped token lists only the queues where its partner has
+    jobs or letters (with their pause); an unscoped token lists every queue (as the CLI,
+    which is never scoped, does: tests/jobctl/test_cli.py)."""
+    url = ops.database_url
+    ops.app.consumer("served.only")(_noop)  # a queue of the app nobody has used yet
+    async with App(url) as jf:
+        await jf.enqueue("acme.orders", {"partner_id": "acme"}, job_id="a-1")
+        await jf.enqueue("globex.orders", {"partner_id": "globex"}, job_id="g-1")
+        await jf.enqueue("shared", {"partner_id": "globex"}, job_id="g-2")
+        await jf.enqueue("shared", {"partner_id": "acme"}, job_id="a-2")
+    async with ops.client(ops.tokens.operator) as otto:
+        for queue in ("shared", "globex.orders", "nobody"):
+            paused_now = await otto.post(f"/v1/queues/{queue}/pause", json={"reason": "r"})
+            assert paused_now.status_code == 200, paused_now.text
+        everything = (await otto.get("/v1/queues")).json()["queues"]
+    async with ops.client(ops.tokens.partner_a) as acme:
+        scoped = (await acme.get("/v1/queues")).json()["queues"]
+    assert [q["queue"] for q in everything] == [
+        "acme.orders",
+        "globex.orders",
+        "nobody",
+        "served.only",
+        "shared",
+    ]
+    assert [(q["queue"], q["waiting"], q["paused"]) for q in scoped] == [
+        ("acme.orders", 1, False),
+        ("shared", 1, True),
+    ]
+
+
+async def _noop(job: object, tx: object) -> None:
+    return None

@@ -44,3 +44,33 @@ async def test_pause_resume_and_links_of_any_queue_name(console: Console) -> Non
     left = await query(console.database_url, "SELECT queue FROM core.queue_pauses ORDER BY queue")
     assert sorted(r[0] for r in left) == sorted(n for n in NAMES if n != "über/队列")
     assert page.errors == []  # type: ignore[attr-defined]
+
+
+async def test_a_partner_scoped_user_sees_only_its_partners_queues(console: Console) -> None:
+    """Issue 28, point 7: the queues page and the overview list, for a partner-scoped token,
+    the queues where its partner has jobs or letters — the API's answer
+    (tests/jobctl/test_queue_names.py) — never other partners' queue names."""
+    console.app.consumer("globex.secret")(_noop)  # the server knows the app's queues
+    await console.app.enqueue("acme.orders", {"partner_id": "acme"}, job_id="a-1")
+    await console.app.enqueue("globex.secret", {"partner_id": "globex"}, job_id="g-1")
+    await console.app.enqueue("shared", {"partner_id": "globex"}, job_id="g-2")
+    await console.app.enqueue("shared", {"partner_id": "acme"}, job_id="a-2")
+    page = await console.signed_in(console.tokens.partner_a)
+    await page.goto("/ui/queues")
+    rows = page.locator("#queue-list tbody tr")
+    await expect(rows).to_have_count(2)
+    assert [await r.get_attribute("data-queue") for r in await rows.all()] == [
+        "acme.orders",
+        "shared",
+    ]
+    await expect(page.locator("main")).not_to_contain_text("globex.secret")
+    await page.goto("/ui/")
+    await expect(page.locator("main")).to_contain_text("acme.orders")
+    await expect(page.locator("main")).not_to_contain_text("globex.secret")
+    everyone = await console.signed_in(console.tokens.operator)
+    await everyone.goto("/ui/queues")
+    await expect(everyone.locator("#queue-list tbody tr")).to_have_count(3)
+
+
+async def _noop(job: object, tx: object) -> None:
+    return None
