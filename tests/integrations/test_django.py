@@ -357,3 +357,26 @@ def test_the_projects_own_tests_see_jobfence_in_djangos_test_database(shop: Shop
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Ran 2 tests" in done.stderr
     assert "OK" in done.stderr
+
+
+def test_a_write_through_a_second_alias_of_the_sqlite_file_fails_the_first_attempt(
+    shop: Shop,
+) -> None:
+    """Issue 28, point 4: on SQLite a second alias of the job's own file waits for the write
+    lock the job holds until its handler returns — it can never succeed: the first attempt
+    fails for good, saying why. On PostgreSQL the second alias's write commits on its own,
+    outside the fence (docs/integrations/django.md says so): one per attempt."""
+    shop.env["SHOP_SECOND_ALIAS"] = "1"
+    shop.enqueue(("twice", credit(then="second-alias")))
+    shop.run_until_settled()
+    if shop.url.startswith("sqlite"):
+        category, code, attempts, error = shop.letters()["twice"]
+        assert (category, code, attempts) == ("NON_RETRYABLE_ERROR", "DB_SECOND_CONNECTION", 1)
+        assert "through the Django database alias 'again'" in error, error
+        assert shop.credits() == []
+    else:
+        assert shop.letters() == {}
+        assert shop.credits() == [("twice", "m-1", 10), ("twice-again", "m", 0)]
+    assert shop.fences() == (
+        [("points.credit", "twice")] if shop.url.startswith("postgresql") else []
+    )

@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 from ..errors import ConfigurationError, EnqueueError, TransactionBoundaryError
 from ..sql import Dialect, queries
 from . import Database, Params, Row, Tx, TxGuard, aborted, ended, refusal
+from .second_writer import lending, watch_sqlalchemy
 
 _DRIVERS: dict[str, tuple[Dialect, str]] = {
     # SQLAlchemy dialect name, driver → jobfence dialect, what jobfence adopts
@@ -48,6 +49,7 @@ _DRIVERS: dict[str, tuple[Dialect, str]] = {
 }
 _tokens = itertools.count(1)
 _PID = os.getpid()
+watch_sqlalchemy()  # SQLite: a write through a second engine to the job's file (issue 28)
 
 
 def _kind(engine: Engine | AsyncEngine) -> Dialect:
@@ -344,7 +346,11 @@ class EngineWork:
                 authorizer.guard = guard
                 await driver.set_authorizer(authorizer.authorize)
             try:
-                yield tx, results
+                if self.dialect == "sqlite":
+                    with lending(self.engine.url.database or ""):
+                        yield tx, results
+                else:
+                    yield tx, results
             finally:
                 guard.active = False
                 if authorizer is not None:
@@ -552,7 +558,11 @@ class SessionWork:
             authorizer.guard = guard
             self.driver.set_authorizer(authorizer.authorize)
         try:
-            yield session
+            if sqlite:
+                with lending(self.host.engine.url.database or ""):
+                    yield session
+            else:
+                yield session
         finally:
             guard.active = False
             if sqlite:

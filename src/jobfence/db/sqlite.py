@@ -19,6 +19,7 @@ import aiosqlite
 from ..errors import DatabaseLocked, DatabaseUnavailable, TransactionBoundaryError
 from . import SAVEPOINT_PREFIX, Database, Params, Row, Tx, TxGuard, ended, refusal
 from .placeholders import for_sqlite
+from .second_writer import lending
 from .translate import is_locked
 
 BUSY_TIMEOUT_MS = 30_000
@@ -273,7 +274,8 @@ class SQLiteDatabase(Database):
                 await conn.execute(_BEGIN)
                 results = [await tx.q(step, params) for step in steps]
                 tx.guard = lent.guard = TxGuard()
-                yield tx, results
+                with lending(self.url.path):
+                    yield tx, results
                 tx.guard.active = False
                 problem = _problem(conn, tx.guard)
                 if problem is not None:

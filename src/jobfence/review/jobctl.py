@@ -436,9 +436,9 @@ async def list_queues(
             item = entry(row["queue"])
             item["dead_letters"] = item.get("dead_letters", 0) + int(row["letters"])
     for row in await qdb.run("queue_pauses"):
-        item = known(row["queue"])
-        if item is not None:
-            item.update(
+        pause = known(row["queue"])
+        if pause is not None:
+            pause.update(
                 paused=True,
                 paused_by=row["paused_by"],
                 paused_at=to_datetime(row["paused_at"]),

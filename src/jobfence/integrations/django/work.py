@@ -33,6 +33,7 @@ from psycopg.pq import TransactionStatus
 from ...db import Row, TxGuard, aborted, ended, rolled_back
 from ...db.adopt import SyncConnection
 from ...db.postgres import _boundary_error
+from ...db.second_writer import check, lending
 from ...db.sqlite import _Lent
 from ...errors import ConfigurationError, TransactionBoundaryError
 from ...runtime.hosted import HostedWork, WorkHost, sqlite_writer
@@ -173,8 +174,18 @@ class DjangoWork(HostedWork):
         if sqlite:
             self.raw.set_authorizer(lent.authorize)
         try:
-            with self.django.execute_wrapper(_Watch(guard)):
-                yield DjangoTx(self.django.alias, self.dialect)
+            with (
+                lending(str(self.django.settings_dict["NAME"]))
+                if sqlite
+                else contextlib.nullcontext(),
+                self.django.execute_wrapper(_Watch(guard)),
+            ):
+                try:
+                    yield DjangoTx(self.django.alias, self.dialect)
+                except Exception as exc:
+                    if sqlite:
+                        self._second_alias(exc)
+                    raise
         except psycopg.Error as exc:
             problem = _boundary_error(exc) or guard.problem(track_failures=False)
             if problem is not None:
@@ -191,6 +202,14 @@ class DjangoWork(HostedWork):
                 with contextlib.suppress(sqlite3.ProgrammingError):  # closed by the handler
                     self.raw.set_authorizer(None)
         self._check(guard)
+
+    def _second_alias(self, exc: BaseException) -> None:
+        """SQLite: "database is locked" from another alias of the job's own file, which waits
+        for the lock the job holds until its handler returns: say so, and fail at once."""
+        for other in connections.all(initialized_only=True):
+            if other.alias != self.django.alias and other.vendor == "sqlite":
+                name = str(other.settings_dict["NAME"])
+                check(exc, name, f"the Django database alias {other.alias!r}")
 
     def _check(self, guard: TxGuard) -> None:
         """The handler returned normally: may the transaction commit with the fence? The one
