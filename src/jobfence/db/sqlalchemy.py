@@ -31,14 +31,17 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, LiteralString
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from ..errors import ConfigurationError, EnqueueError, TransactionBoundaryError
 from ..sql import Dialect, queries
-from . import Database, Params, Row, Tx, TxGuard, aborted, ended, refusal
+from . import Database, Params, Row, Tx, TxGuard, aborted, ended
 from .second_writer import lending, watch_sqlalchemy
+from .sqlalchemy_watch import lend as _lend
+from .sqlalchemy_watch import unlend as _unlend
+from .sqlalchemy_watch import watch as _watch
 
 _DRIVERS: dict[str, tuple[Dialect, str]] = {
     # SQLAlchemy dialect name, driver → jobfence dialect, what jobfence adopts
@@ -120,108 +123,6 @@ def sync_driver_connection(obj: Any) -> Any:
     if not obj.in_transaction():
         obj.begin()
     return obj.connection.driver_connection
-
-
-#: where a lent connection carries its guard (``Connection.info``, the pooled connection's)
-_GUARD = "jobfence.guard"
-
-
-def _watch(engine: Engine) -> None:
-    """Install, once per engine, the listeners that watch a lent connection while a handler
-    runs: transaction control on it is refused (the job fails, whatever the handler does with
-    the error). Engine-wide listeners cost a dictionary lookup on the engine's other
-    connections; listening on each job's ``Connection`` instead cost ~130 µs a job."""
-    if getattr(engine, "_jobfence_watched", False):
-        return
-    event.listen(engine, "commit", _on_commit)
-    event.listen(engine, "rollback", _on_rollback)
-    event.listen(engine, "before_cursor_execute", _on_statement)
-    event.listen(engine, "after_cursor_execute", _on_executed)
-    event.listen(engine, "handle_error", _on_error)
-    engine._jobfence_watched = True  # type: ignore[attr-defined]
-
-
-#: the savepoints open on a lent connection while its handler runs: (name, guard depth)
-_SAVEPOINTS = "jobfence.savepoints"
-
-
-def _lend(conn: Connection, guard: TxGuard) -> None:
-    conn.info[_GUARD] = guard
-    conn.info[_SAVEPOINTS] = []
-
-
-def _unlend(conn: Connection) -> None:
-    with contextlib.suppress(Exception):  # an invalidated connection has no info
-        conn.info.pop(_GUARD, None)
-        conn.info.pop(_SAVEPOINTS, None)
-
-
-def _on_error(context: Any) -> None:
-    """A statement failed on a lent connection: note it (SPEC H5). On SQLite the failed
-    statement alone is undone and the transaction would commit around it; with the session's
-    own bookkeeping (a failed flush rolls its savepoint back) a caught error would otherwise
-    end as a commit without the work, or as SQLAlchemy's ``PendingRollbackError``."""
-    conn = context.connection
-    if conn is None:
-        return
-    with contextlib.suppress(Exception):
-        guard: TxGuard | None = conn.info.get(_GUARD)
-        if guard is not None and guard.active:
-            exc = context.original_exception
-            savepoints = conn.info.get(_SAVEPOINTS) or []
-            guard.orm_failures.append((len(savepoints), f"{type(exc).__name__}: {exc}".strip()))
-
-
-def _on_executed(conn: Connection, _cur: Any, statement: str, *_: Any) -> None:
-    """Follow the savepoints the session sets on a lent connection. The first one open is the
-    session's own (``join_transaction_mode="create_savepoint"``: jobfence's, not the
-    handler's): rolling it back (``session.rollback()``, or SQLAlchemy after a failed flush)
-    undoes work the handler did not scope itself. Rolling back a savepoint the handler opened
-    (``session.begin_nested()``) undoes its block alone, failed statements included."""
-    if statement[:1] not in "SsRr":
-        return
-    guard: TxGuard | None = conn.info.get(_GUARD)
-    if guard is None or not guard.active:
-        return
-    words = statement.replace('"', " ").split()
-    if len(words) < 2:
-        return
-    verb = words[0].upper()
-    stack: list[str] = conn.info.setdefault(_SAVEPOINTS, [])
-    if verb == "SAVEPOINT":
-        stack.append(words[1])
-        return
-    if verb not in ("ROLLBACK", "RELEASE") or words[-1] not in stack:
-        return
-    depth = stack.index(words[-1]) + 1
-    del stack[depth - 1 :]
-    if verb == "RELEASE":
-        guard.orm_failures = [(min(d, depth - 1), e) for d, e in guard.orm_failures]
-    elif depth == 1:
-        guard.rolled_back = guard.rolled_back or "session.rollback()"
-    else:
-        guard.orm_failures = [f for f in guard.orm_failures if f[0] < depth]
-
-
-def _refuse(conn: Connection, verb: str) -> None:
-    guard: TxGuard | None = conn.info.get(_GUARD)
-    if guard is not None and guard.active:
-        guard.refused = guard.refused or verb
-        raise refusal(verb)
-
-
-def _on_commit(conn: Connection) -> None:
-    _refuse(conn, "COMMIT (connection.commit())")
-
-
-def _on_rollback(conn: Connection) -> None:
-    _refuse(conn, "ROLLBACK (connection.rollback())")
-
-
-def _on_statement(conn: Connection, _cur: Any, statement: str, *_: Any) -> None:
-    guard: TxGuard | None = conn.info.get(_GUARD)
-    if guard is not None:
-        guard.screen(statement)
 
 
 async def _pg_begin(
