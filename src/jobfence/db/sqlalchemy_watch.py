@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, event
 
+from ..errors import TransactionBoundaryError
 from . import TxGuard, refusal
 
 #: where a lent connection carries its guard (``Connection.info``, the pooled connection's)
@@ -61,8 +62,8 @@ def _on_error(context: Any) -> None:
         return
     with contextlib.suppress(Exception):
         guard: TxGuard | None = conn.info.get(_GUARD)
-        if guard is not None and guard.active:
-            exc = context.original_exception
+        exc = context.original_exception
+        if guard is not None and guard.active and not isinstance(exc, TransactionBoundaryError):
             savepoints = conn.info.get(_SAVEPOINTS) or []
             guard.orm_failures.append((len(savepoints), f"{type(exc).__name__}: {exc}".strip()))
 
