@@ -226,7 +226,7 @@ def worker(
     from .. import logs
 
     logs.configure(log_level, log_format)
-    app = make_app(database_url, transport, app_spec=app_spec, create=True)
+    app = make_app(database_url, transport, app_spec=app_spec, create=True, long_running=True)
     w = app.worker(
         queues=_queue_list(queues),
         concurrency=concurrency,

@@ -167,7 +167,7 @@ async def queues(request: Request, user: User = SIGNED_IN) -> Response:
     return page(request, "queues.html", user, queues=found, unserved=unserved)
 
 
-@router.post("/ui/queues/{queue}/{action}")
+@router.post("/ui/queues/{queue:path}/{action}")
 async def pause_or_resume(
     request: Request, action: str, queue: str = QUEUE, user: User = OPERATOR
 ) -> Response:
