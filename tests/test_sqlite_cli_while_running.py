@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfence.cli.common import CLI_LOCK_TIMEOUT
 
 from jobfence import App
+from jobfence.cli.common import CLI_LOCK_TIMEOUT
 
 from .conftest import make_ledger
 from .helpers import REPO, start_worker, stop_process, wait_until
