@@ -23,6 +23,7 @@ from ..db import Database, to_datetime
 from ..errors import InvalidRequest, NotFound
 from . import deadletters as dl
 from .jobctl import JobFilter, list_jobs
+from .validation import ALL_STATUSES
 
 __all__ = ["Fence", "fences_of", "find_job"]
 
@@ -97,7 +98,7 @@ async def _gone(
     where = f" in queue {queue}" if queue else ""
     said = f"job {job_id!r}{where} is not in the queue (waiting, running or retrying)"
     letters = await dl.search(
-        db, dl.Filter(queue=queue, job_id=job_id, status=dl.ALL_STATUSES), actor=actor, limit=SHOWN
+        db, dl.Filter(queue=queue, job_id=job_id, status=ALL_STATUSES), actor=actor, limit=SHOWN
     )
     if actor.partner is None:
         names = [consumers.get(queue, queue)] if queue else sorted(set(consumers.values()))

@@ -14,7 +14,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .context import RuntimeSource as App
 
 #: how many workers and relays hold an app they opened themselves (absent: its owner's)
 _HOLDERS: weakref.WeakKeyDictionary[App, int] = weakref.WeakKeyDictionary()
