@@ -6,6 +6,14 @@ letters that people can read, replay and discard.
 """
 
 from .app import App
+from .calls import (
+    CallInDoubt,
+    CallNotSent,
+    CallRejected,
+    CallRetry,
+    CallUnauthorized,
+    UnknownOutcome,
+)
 from .db import Database, SyncTx, Tx
 from .deadletters import Actor
 from .deadletters import discard as discard_dead_letter
@@ -56,6 +64,11 @@ __all__ = [
     "AuthenticationError",
     "AuthorizationError",
     "BusinessError",
+    "CallInDoubt",
+    "CallNotSent",
+    "CallRejected",
+    "CallRetry",
+    "CallUnauthorized",
     "Category",
     "ConfigurationError",
     "Database",
@@ -87,6 +100,7 @@ __all__ = [
     "Transport",
     "Tx",
     "UniqueViolation",
+    "UnknownOutcome",
     "ValidationError",
     "Worker",
     "__version__",

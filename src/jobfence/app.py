@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from . import fence, tracing
+from .calls.ledger import Ledger
 from .codec import Decoder, Schema, encode
 from .config import (
     DEFAULT_BATCH_SIZE,
@@ -138,6 +139,8 @@ class App:
         self.tracing: tracing.Tracing | None = tracing.get() if trace else None
         self.maintenance = maintenance or Maintenance()
         self.observers = Observers([])
+        #: the call ledger of ``job.call`` (jobfence.calls), opened by the first call
+        self.ledger = Ledger(self.url, self.observers, self.tracing)
         self.worker_id = default_holder()
         self._db: Database | None = None
         self._transport: Transport | None = None
@@ -334,6 +337,7 @@ class App:
                 [MetricsObserver(consumers), LogObserver(), *self._extra_observers]
                 + ([self.tracing] if self.tracing is not None else [])
             )
+            self.ledger = Ledger(self.url, self.observers, self.tracing)
             self._db, self._transport = db, transport
 
     async def _prepare(self, db: Database) -> None:
@@ -365,6 +369,7 @@ class App:
         )
 
     async def close(self) -> None:
+        await self.ledger.close()
         if self._transport is not None:
             await self._transport.close()
             self._transport = None

@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any
 
 from . import fence, group_commit, hosted, letters
+from .calls.ledger import Ledger
 from .codec import Decoder
 from .db import Database, SyncTx, Tx, WorkSource, current_tx
 from .errors import (
@@ -122,8 +123,11 @@ class Harness:
         fence_enabled: bool = True,
         work: WorkSource | None = None,
         tracing: Tracing | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.consumers = consumers
+        #: the call ledger handlers reach through ``job.call`` (None: no calls)
+        self.ledger = ledger
         self.db = db
         #: what opens each job's transaction: ``db``, or the user's SQLAlchemy engine
         self.work: WorkSource = work or db
@@ -177,6 +181,7 @@ class Harness:
             correlation_id=delivery.correlation_id,
             enqueued_at=delivery.enqueued_at,
             history=tuple(delivery.history),
+            ledger=self.ledger.bound(consumer.name) if self.ledger is not None else None,
         )
         return consumer, job
 
@@ -301,6 +306,7 @@ class Harness:
             consumer is not None
             and not consumer.isolated
             and consumer.name not in self.learned_isolated
+            and (self.ledger is None or consumer.name not in self.ledger.callers)
         )
 
     def batch_limit(self, batch_size: int) -> int:

@@ -229,6 +229,7 @@ class Worker:
             fence_enabled=app._fence_enabled,
             work=app.work_source,
             tracing=app.tracing,
+            ledger=app.ledger,
         )
         background = [
             asyncio.create_task(
@@ -472,6 +473,7 @@ class Worker:
                     self.app.db,
                     queue_db=self.app.queue_db,
                     min_age=self.app.redelivery_exposure(),
+                    calls_db=lambda: self.app.ledger.opened,
                 ),
                 name="jobfence-housekeeping",
             )
