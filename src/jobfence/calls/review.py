@@ -51,6 +51,8 @@ from ..deadletters import (
 )
 from ..errors import InvalidRequest, NotFound, ReviewConflict, clean_text
 from ..transports import Transport
+from .ledger import MAX_REFERENCE, Ledger
+from .store import ledger_url
 
 __all__ = [
     "ALL_STATES",
@@ -64,6 +66,7 @@ __all__ = [
     "CallView",
     "SettleResult",
     "age_text",
+    "ledger_db",
     "list_calls",
     "settle_call",
     "show_call",
@@ -77,8 +80,6 @@ Settlement = Literal["applied", "not_applied"]
 SETTLEMENTS: tuple[Settlement, ...] = get_args(Settlement)
 #: the state filter that means any state (the default filter is ``in_doubt``)
 ALL_STATES = "all"
-#: the longest downstream reference kept (an order number, a document id)
-MAX_REFERENCE = 255
 
 
 @dataclass(frozen=True)
@@ -255,11 +256,23 @@ def _text(value: str | None, what: str, limit: int, *, required: bool, hint: str
     return text or None
 
 
+# -- where the calls are --------------------------------------------------------------------
+
+
+async def ledger_db(ledger: Ledger, db: Database) -> Database:
+    """The database holding the calls of the app whose ledger is ``ledger`` and whose own
+    database is ``db``: ``db`` itself on PostgreSQL (the ledger is its ``calls`` table); on
+    SQLite the ledger's file next to the store (:mod:`jobfence.calls.store`)."""
+    if ledger_url(db.url) == db.url:
+        return db
+    return await ledger.database()
+
+
 # -- find and understand ---------------------------------------------------------------------
 
 
 async def list_calls(
-    db: Database,
+    calls: Database,
     flt: CallFilter | None = None,
     *,
     actor: Actor,
@@ -267,47 +280,56 @@ async def list_calls(
     after: int | None = None,
 ) -> CallPage:
     """Calls matching ``flt`` (default: the in-doubt ones) within the actor's scope, oldest
-    first. A keyset page on the primary key: deep pages cost what the first does."""
+    first, from the ledger's database ``calls`` (:func:`ledger_db`). A keyset page on the
+    primary key: deep pages cost what the first does."""
     flt = (flt or CallFilter()).check()
     params = {
         **flt.params(actor.partner),
         "after": _id(after, "after (the cursor)", low=0),
         "limit": _limit(limit),
     }
-    items = [_summary(r) for r in await db.run("calls_list", params)]
+    items = [_summary(r) for r in await calls.run("calls_list", params)]
     return CallPage(items, items[-1].id if len(items) == limit else None)
 
 
-async def show_call(db: Database, call_id: int, *, actor: Actor) -> CallView:
-    """One call with its recorded outcome and its job's parked dead letter."""
-    row = await _get(db, call_id, actor)
-    letters = await db.run(
-        "calls_parked_letter", {"consumer": row["consumer"], "job_id": row["job_id"]}
-    )
-    return CallView(
-        _summary(row), _outcome(row["outcome"]), int(letters[0]["id"]) if letters else None
-    )
+async def show_call(db: Database, calls: Database, call_id: int, *, actor: Actor) -> CallView:
+    """One call (from ``calls``, the ledger's database) with its recorded outcome and its
+    job's parked dead letter (from ``db``, the app's)."""
+    row = await _get(calls, call_id, actor)
+    return CallView(_summary(row), _outcome(row["outcome"]), await _parked(db, row))
 
 
-async def _get(db: Database, call_id: int, actor: Actor) -> Mapping[str, Any]:
+async def _get(calls: Database, call_id: int, actor: Actor) -> Mapping[str, Any]:
     _id(call_id, "the call id")
-    rows = await db.run("calls_get", {"id": call_id})
+    rows = await calls.run("calls_show", {"id": call_id})
     if not rows or not actor.sees(rows[0]["partner"]):
         raise NotFound(f"no call {call_id}")
     return rows[0]
 
 
+async def _parked(db: Database | Tx, row: Mapping[str, Any]) -> int | None:
+    """The job's dead letter pending review (at most one per consumer and job_id)."""
+    params = {"consumer": row["consumer"], "job_id": row["job_id"]}
+    found = await (db.q if isinstance(db, Tx) else db.run)("calls_parked_letter", params)
+    return int(found[0]["id"]) if found else None
+
+
 # -- act: settle -----------------------------------------------------------------------------
 
 
-def _not_settleable(row: Mapping[str, Any]) -> ReviewConflict:
+def _not_settleable(row: Mapping[str, Any], parked: int | None) -> ReviewConflict:
     state = row["state"]
     if state in SETTLEMENTS:
         when = to_datetime(row["settled_at"])
         at = when.strftime("%Y-%m-%d %H:%M:%S UTC") if when else "?"
+        still = (
+            f"; its job is still parked as dead letter {parked}: replay that letter"
+            if parked is not None
+            else ""
+        )
         return ReviewConflict(
             f"call {row['id']} was already settled as {state} by {row['settled_by']} at {at}; "
-            "a settlement is final"
+            f"a settlement is final{still}"
         )
     if state == "pending":
         return ReviewConflict(
@@ -321,6 +343,7 @@ def _not_settleable(row: Mapping[str, Any]) -> ReviewConflict:
 
 async def settle_call(
     db: Database,
+    calls: Database,
     transport: Transport,
     call_id: int,
     *,
@@ -330,8 +353,14 @@ async def settle_call(
     reference: str | None = None,
 ) -> SettleResult:
     """Settle an in-doubt call as ``applied`` (``reference``: the downstream's, required) or
-    ``not_applied``, with a required ``reason``; audited (``call.settle``), then the job's
-    parked dead letter is replayed (republished to ``transport``) in the same transaction.
+    ``not_applied``, with a required ``reason``; audited (``call.settle``), and the job's
+    parked dead letter is replayed (republished to ``transport``).
+
+    ``db`` is the app's database (letters, audit), ``calls`` the ledger's (:func:`ledger_db`).
+    When they are one (PostgreSQL) all of it is one transaction. On SQLite the ledger is a
+    file of its own: the settlement commits in it inside the open transaction of the replay
+    and the audit row, just before that one commits — if that last commit fails, the call is
+    settled and its job still parked (settling again says so; replay the letter).
 
     Raises :class:`InvalidRequest` (bad outcome, blank reason, a reference missing or
     given with not_applied), :class:`NotFound` (no such call in scope) or
@@ -361,27 +390,21 @@ async def settle_call(
         raise InvalidRequest(
             "a call settled as not_applied has no downstream reference: leave it out"
         )
-    _id(call_id, "the call id")
+    row = await _get(calls, call_id, actor)
+    if row["state"] != "in_doubt":
+        raise _not_settleable(row, await _parked(db, row))
+    settle = {
+        "id": call_id,
+        "state": outcome,
+        "reference": ref,
+        "actor": actor.name,
+        "reason": why,
+        # what the job's step returns from now on (applied), instead of calling
+        "outcome": json.dumps({"settled": outcome, "reference": ref}) if ref else None,
+    }
     async with db.transaction() as tx:
-        rows = await tx.q("calls_lock", {"id": call_id})
-        if not rows or not actor.sees(rows[0]["partner"]):
-            raise NotFound(f"no call {call_id}")
-        row = rows[0]
-        if row["state"] != "in_doubt":
-            raise _not_settleable(row)
-        settled = await tx.q(
-            "calls_settle",
-            {
-                "id": call_id,
-                "state": outcome,
-                "reference": ref,
-                "actor": actor.name,
-                "reason": why,
-                "outcome": json.dumps({"settled": outcome, "reference": ref}),
-            },
-        )
-        if not settled:  # pragma: no cover - locked above
-            raise ReviewConflict(f"call {call_id} changed while it was being settled; try again")
+        if calls is db:
+            await _settle(tx, call_id, actor, settle)
         replay, letter_id, woke = await _replay_parked(db, tx, transport, row, actor, why)
         audit_id = await record(
             tx,
@@ -391,7 +414,7 @@ async def settle_call(
             partner=row["partner"],
             reason=why,
             details={
-                "call": str(call_id),
+                "call": call_id,
                 "job_id": row["job_id"],
                 "consumer": row["consumer"],
                 "queue": row["queue"],
@@ -403,10 +426,25 @@ async def settle_call(
             old_state="in_doubt",
             new_state=outcome,
         )
+        if calls is not db:
+            async with calls.transaction() as ctx:
+                await _settle(ctx, call_id, actor, settle)
     if woke:
         transport.wake()  # local workers (SQLite has no notifications)
-    fresh = await _get(db, call_id, actor)
+    fresh = await _get(calls, call_id, actor)
     return SettleResult(_summary(fresh), audit_id, replay)
+
+
+async def _settle(tx: Tx, call_id: int, actor: Actor, params: Mapping[str, Any]) -> None:
+    """The settlement's row change, in ``tx`` (the ledger's): only an in-doubt call."""
+    rows = await tx.q("calls_lock", {"id": call_id})
+    if not rows or not actor.sees(rows[0]["partner"]):
+        raise NotFound(f"no call {call_id}")
+    if rows[0]["state"] != "in_doubt" or not await tx.q("calls_settle", params):
+        raise ReviewConflict(
+            f"call {call_id} changed while it was being settled (its job resolved it, or "
+            "someone settled it); look at it again"
+        )
 
 
 async def _replay_parked(
@@ -420,12 +458,9 @@ async def _replay_parked(
     """Replay the job's dead letter pending review, in ``tx``: its outcome, its id, and
     whether the job was queued in ``tx`` (wake local workers after the commit). None, None:
     the job is not parked."""
-    found = await tx.q(
-        "calls_parked_letter", {"consumer": row["consumer"], "job_id": row["job_id"]}
-    )
-    if not found:
+    letter_id = await _parked(tx, row)
+    if letter_id is None:
         return None, None, False
-    letter_id = int(found[0]["id"])
     locked = await lock_for_review(db, tx, [letter_id])
     (result,) = replay_outcomes(locked, [letter_id], actor)
     if result.outcome not in ("published", "already_applied"):

@@ -81,8 +81,9 @@ def list_calls(
 
     async def go() -> review.CallPage:
         async with _opened(database_url) as app:
+            calls = await review.ledger_db(app.ledger, app.db)
             return await review.list_calls(
-                app.db, flt, actor=Actor(_default_actor(), "cli"), limit=limit, after=after
+                calls, flt, actor=Actor(_default_actor(), "cli"), limit=limit, after=after
             )
 
     found = run(go())
@@ -118,7 +119,10 @@ def show_call(call_id: int, database_url: str | None, as_json: bool) -> None:
 
     async def go() -> review.CallView:
         async with _opened(database_url) as app:
-            return await review.show_call(app.db, call_id, actor=Actor(_default_actor(), "cli"))
+            calls = await review.ledger_db(app.ledger, app.db)
+            return await review.show_call(
+                app.db, calls, call_id, actor=Actor(_default_actor(), "cli")
+            )
 
     view = run(go())
     if as_json:
@@ -187,6 +191,7 @@ def settle_call(
         async with _opened(database_url, transport) as app:
             return await review.settle_call(
                 app.db,
+                await review.ledger_db(app.ledger, app.db),
                 app.transport,
                 call_id,
                 actor=Actor(actor, "cli"),

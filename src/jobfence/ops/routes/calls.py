@@ -17,10 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...app import App
 from ...calls import review
-from ...db import Database
+from ...calls.ledger import MAX_REFERENCE
 from ...deadletters import MAX_REASON
 from ..auth import Principal
-from ..deps import APP, CONFLICT, DB, FORBIDDEN, MAX_ID, MISSING, OPERATOR, VIEWER, actor_of
+from ..deps import APP, CONFLICT, FORBIDDEN, MAX_ID, MISSING, OPERATOR, VIEWER, actor_of
 
 router = APIRouter(tags=["calls"])
 CALL_ID: Any = Path(ge=1, le=MAX_ID, description="A recorded call's id.")
@@ -74,7 +74,7 @@ class SettleBody(BaseModel):
     )
     reference: str | None = Field(
         default=None,
-        max_length=review.MAX_REFERENCE,
+        max_length=MAX_REFERENCE,
         description="applied: the downstream's reference (required); not_applied: none.",
     )
     reason: str = Field(
@@ -114,7 +114,7 @@ async def list_calls(
     ),
     limit: int = Query(50, ge=1, le=review.MAX_PAGE),
     after: int | None = Query(None, ge=0, le=MAX_ID, description="The previous next_cursor."),
-    db: Database = DB,
+    jf: App = APP,
 ) -> Any:
     """Recorded calls in scope, oldest first; by default the in-doubt ones."""
     flt = review.CallFilter(
@@ -125,14 +125,16 @@ async def list_calls(
         job_id=job_id,
         older_than=timedelta(seconds=older_than) if older_than is not None else None,
     )
-    page = await review.list_calls(db, flt, actor=actor_of(who), limit=limit, after=after)
+    calls = await review.ledger_db(jf.ledger, jf.db)
+    page = await review.list_calls(calls, flt, actor=actor_of(who), limit=limit, after=after)
     return {"items": [CallSummary.of(c) for c in page.items], "next_cursor": page.next_cursor}
 
 
 @router.get("/v1/calls/{call_id}", response_model=CallDetail, responses=MISSING)
-async def show_call(call_id: int = CALL_ID, who: Principal = VIEWER, db: Database = DB) -> Any:
+async def show_call(call_id: int = CALL_ID, who: Principal = VIEWER, jf: App = APP) -> Any:
     """One call: job, step, key, state, recorded outcome, settlement, parked dead letter."""
-    view = await review.show_call(db, call_id, actor=actor_of(who))
+    calls = await review.ledger_db(jf.ledger, jf.db)
+    view = await review.show_call(jf.db, calls, call_id, actor=actor_of(who))
     return CallDetail(
         **view.call.__dict__, outcome=view.outcome, dead_letter_id=view.dead_letter_id
     )
@@ -150,6 +152,7 @@ async def settle_call(
     job's parked dead letter is replayed in the same transaction."""
     done = await review.settle_call(
         jf.db,
+        await review.ledger_db(jf.ledger, jf.db),
         jf.transport,
         call_id,
         actor=actor_of(who),

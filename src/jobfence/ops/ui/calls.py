@@ -55,8 +55,9 @@ async def list_calls(request: Request, user: User = SIGNED_IN) -> Response:
             job_id=kept["job_id"] or None,
             older_than=_minutes(kept["older_than"]),
         )
+        jf = jobfence_app(request)
         found = await review.list_calls(
-            jobfence_app(request).db,
+            await review.ledger_db(jf.ledger, jf.db),
             flt,
             actor=actor_of(user.principal),
             limit=PAGE,
@@ -82,7 +83,9 @@ async def list_calls(request: Request, user: User = SIGNED_IN) -> Response:
 
 @router.get("/ui/calls/{call_id}")
 async def show_call(request: Request, call_id: int = CALL, user: User = SIGNED_IN) -> Response:
-    view = await review.show_call(jobfence_app(request).db, call_id, actor=actor_of(user.principal))
+    jf = jobfence_app(request)
+    calls = await review.ledger_db(jf.ledger, jf.db)
+    view = await review.show_call(jf.db, calls, call_id, actor=actor_of(user.principal))
     return page(request, "call.html", user, view=view, call=view.call, age=review.age_text)
 
 
@@ -93,6 +96,7 @@ async def settle_call(request: Request, call_id: int = CALL, user: User = OPERAT
     outcome = form.get("outcome", "")
     done = await review.settle_call(
         jf.db,
+        await review.ledger_db(jf.ledger, jf.db),
         jf.transport,
         call_id,
         actor=actor_of(user.principal),

@@ -51,3 +51,49 @@ SELECT state, count(*) AS calls,
 FROM core.calls
 WHERE state IN ('pending', 'in_doubt')
 GROUP BY state
+
+-- ---- operators: list, show, settle (jobfence.calls.review) -----------------------------------
+
+-- Operators (jobfence.calls.review): list, show and settle recorded calls. Lists are keyset
+-- pages on the primary key (id > after), oldest first; ages come from the database's clock.
+
+-- name: calls_list
+SELECT id, consumer, queue, job_id, step, idem_key, partner, state, attempts, created_at,
+       updated_at, extract(epoch FROM now() - created_at)::float8 AS age_seconds, reference,
+       last_error, settled_by, settled_reason, settled_at
+FROM core.calls
+WHERE (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s)
+  AND (%(step)s::text IS NULL OR step = %(step)s)
+  AND (%(job_id)s::text IS NULL OR job_id = %(job_id)s)
+  AND (%(older_than)s::float8 IS NULL
+       OR created_at <= now() - make_interval(secs => %(older_than)s::float8))
+  AND (%(partner)s::text IS NULL OR partner = %(partner)s)
+  AND (%(after)s::bigint IS NULL OR id > %(after)s)
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: calls_show
+SELECT id, consumer, queue, job_id, step, idem_key, partner, state, attempts, created_at,
+       updated_at, extract(epoch FROM now() - created_at)::float8 AS age_seconds, reference,
+       last_error, settled_by, settled_reason, settled_at, outcome
+FROM core.calls WHERE id = %(id)s
+
+-- name: calls_lock
+SELECT id, consumer, queue, job_id, step, idem_key, partner, state, settled_by, settled_at
+FROM core.calls WHERE id = %(id)s
+FOR UPDATE
+
+-- name: calls_settle
+-- An operator's decision on an in-doubt call (final: only in_doubt is settled).
+UPDATE core.calls
+SET state = %(state)s, reference = %(reference)s, outcome = %(outcome)s::jsonb,
+    settled_by = %(actor)s, settled_reason = %(reason)s, settled_at = now(), updated_at = now()
+WHERE id = %(id)s AND state = 'in_doubt'
+RETURNING id
+
+-- name: calls_parked_letter
+-- The job's dead letter pending review (at most one per consumer and job_id).
+SELECT id FROM core.dead_letters
+WHERE consumer = %(consumer)s AND job_id = %(job_id)s AND status = 'pending_review'

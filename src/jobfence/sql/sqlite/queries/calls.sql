@@ -52,3 +52,46 @@ SELECT state, count(*) AS calls, coalesce({NOW} - min(created_at), 0.0) AS oldes
 FROM core_calls
 WHERE state IN ('pending', 'in_doubt')
 GROUP BY state
+
+-- ---- operators: list, show, settle (jobfence.calls.review) -----------------------------------
+
+-- Operators (jobfence.calls.review): list, show and settle recorded calls. See the
+-- PostgreSQL file.
+
+-- name: calls_list
+SELECT id, consumer, queue, job_id, step, idem_key, partner, state, attempts, created_at,
+       updated_at, {NOW} - created_at AS age_seconds, reference, last_error, settled_by,
+       settled_reason, settled_at
+FROM core_calls
+WHERE (:state IS NULL OR state = :state)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:consumer IS NULL OR consumer = :consumer)
+  AND (:step IS NULL OR step = :step)
+  AND (:job_id IS NULL OR job_id = :job_id)
+  AND (:older_than IS NULL OR created_at <= {NOW} - :older_than)
+  AND (:partner IS NULL OR partner = :partner)
+  AND (:after IS NULL OR id > :after)
+ORDER BY id
+LIMIT :limit
+
+-- name: calls_show
+SELECT id, consumer, queue, job_id, step, idem_key, partner, state, attempts, created_at,
+       updated_at, {NOW} - created_at AS age_seconds, reference, last_error, settled_by,
+       settled_reason, settled_at, outcome
+FROM core_calls WHERE id = :id
+
+-- name: calls_lock
+-- SQLite has one writer: the settling transaction holds the write lock.
+SELECT id, consumer, queue, job_id, step, idem_key, partner, state, settled_by, settled_at
+FROM core_calls WHERE id = :id
+
+-- name: calls_settle
+UPDATE core_calls
+SET state = :state, reference = :reference, outcome = json(:outcome),
+    settled_by = :actor, settled_reason = :reason, settled_at = {NOW}, updated_at = {NOW}
+WHERE id = :id AND state = 'in_doubt'
+RETURNING id
+
+-- name: calls_parked_letter
+SELECT id FROM core_dead_letters
+WHERE consumer = :consumer AND job_id = :job_id AND status = 'pending_review'
