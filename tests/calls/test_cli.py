@@ -46,9 +46,7 @@ def test_calls_list_show_and_settle(database_url: str, capsys: Capture) -> None:
         capsys, "calls", "settle", str(first), "applied", "--reference", "PO-1",
         "--reason", "PO-1 found in the ERP", "--actor", "otto", "--json", *db,
     )  # fmt: skip
-    again = jobfence(
-        capsys, "calls", "settle", str(first), "not_applied", "--reason", "hm", *db
-    )
+    again = jobfence(capsys, "calls", "settle", str(first), "not_applied", "--reason", "hm", *db)
     plain = jobfence(
         capsys, "calls", "settle", str(by_job["po-2"]["id"]), "not_applied",
         "--reason", "nothing in the ERP", *db,

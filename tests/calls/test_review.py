@@ -45,9 +45,7 @@ async def test_in_doubt_calls_are_listed_with_job_step_key_age_and_error(
         by_job = await review.list_calls(calls, CallFilter(job_id="po-2"), actor=OTTO)
         other_step = await review.list_calls(calls, CallFilter(step="mail.send"), actor=OTTO)
         by_queue = await review.list_calls(calls, CallFilter(queue=QUEUE), actor=OTTO)
-        old = await review.list_calls(
-            calls, CallFilter(older_than=timedelta(hours=1)), actor=OTTO
-        )
+        old = await review.list_calls(calls, CallFilter(older_than=timedelta(hours=1)), actor=OTTO)
         succeeded = await review.list_calls(calls, CallFilter(state="succeeded"), actor=OTTO)
         with pytest.raises(InvalidRequest, match="unknown call state 'doubtful'"):
             await review.list_calls(calls, CallFilter(state="doubtful"), actor=OTTO)

@@ -42,9 +42,7 @@ async def test_calls_page_lists_in_doubt_calls_and_settles_one(console: Console)
     await page.fill("#settle input[name=reference]", "PO-1")
     await page.click("#settle button")  # no reason: refused, nothing changes
     await expect(page.locator(".flash.error")).to_contain_text("needs a reason")
-    assert await query(url, "SELECT state FROM core.calls WHERE job_id = 'po-1'") == [
-        ("in_doubt",)
-    ]
+    assert await query(url, "SELECT state FROM core.calls WHERE job_id = 'po-1'") == [("in_doubt",)]
     await page.goto(f"/ui/calls/{ids['po-1']}")
     await page.select_option("#settle select[name=outcome]", "applied")
     await page.fill("#settle input[name=reference]", "PO-1")
