@@ -13,8 +13,8 @@ import pytest
 
 from jobfence.calls import default_key, review
 from jobfence.calls.review import CallFilter
-from jobfence.deadletters import Actor
 from jobfence.errors import InvalidRequest, NotFound, ReviewConflict
+from jobfence.review.deadletters import Actor
 
 from ..helpers import query, table
 from .support import QUEUE, STEP, Orders
@@ -60,7 +60,8 @@ async def test_in_doubt_calls_are_listed_with_job_step_key_age_and_error(
         QUEUE,
         QUEUE,  # the consumer is named after its queue
     )
-    assert call.last_error is not None and "read timeout" in call.last_error
+    assert call.last_error is not None
+    assert "read timeout" in call.last_error
     assert 0 <= call.age_seconds < 60
     assert call.partner == "acme"
     assert [c.job_id for c in acme.items] == ["po-1"]

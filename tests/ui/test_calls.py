@@ -85,4 +85,5 @@ async def test_a_viewer_sees_no_form_and_a_partner_only_its_calls(console: Conso
     await expect(acme.locator("#calls tbody tr")).to_have_count(1)
     await expect(acme.locator("#calls")).to_contain_text("po-1")
     response = await acme.goto(f"/ui/calls/{ids['po-2']}")
-    assert response is not None and response.status == 404
+    assert response is not None
+    assert response.status == 404

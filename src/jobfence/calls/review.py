@@ -37,7 +37,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
 from ..db import Database, Tx, to_datetime
-from ..deadletters import (
+from ..errors import InvalidRequest, NotFound, ReviewConflict, clean_text
+from ..review.deadletters import (
     MAX_PAGE,
     MAX_REASON,
     Actor,
@@ -49,7 +50,6 @@ from ..deadletters import (
     replay_outcomes,
     republish,
 )
-from ..errors import InvalidRequest, NotFound, ReviewConflict, clean_text
 from ..transports import Transport
 from .ledger import MAX_REFERENCE, Ledger
 from .store import ledger_url

@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 
 from ..calls import review
-from ..deadletters import Actor
+from ..review.deadletters import Actor
 from ._common import (
     Duration,
     _default_actor,
