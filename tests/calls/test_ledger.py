@@ -12,7 +12,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from tests.helpers import RunningWorker, eventually, query, table
 
 from jobfence import (
     App,
@@ -28,6 +27,8 @@ from jobfence import (
 )
 from jobfence.calls import UNKNOWN_OUTCOME, default_key, ledger_url
 from jobfence.config import parse_database_url
+
+from ..helpers import RunningWorker, eventually, query, table
 
 FAST = CallRetry(attempts=3, initial=0.01, multiplier=2.0, maximum=0.05)
 QUICK_RETRIES = RetryPolicy(
