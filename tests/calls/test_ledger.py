@@ -75,6 +75,10 @@ def ledger_of(url: str) -> str:
 
 
 async def calls(url: str) -> list[tuple[Any, ...]]:
+    """The call ledger's rows (none while the ledger is not made yet: no call so far)."""
+    where = ledger_url(parse_database_url(url))
+    if where.dialect == "sqlite" and not where.path.exists():
+        return []
     return await query(
         ledger_of(url),
         f"SELECT job_id, step, idem_key, state, attempts, outcome, reference, last_error "

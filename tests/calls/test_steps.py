@@ -217,3 +217,48 @@ def test_parking_is_a_non_retryable_error_with_its_own_code() -> None:
     parked = UnknownOutcome("unknown", step="erp.create", key="jf-1")
     assert isinstance(parked, NonRetryableError)
     assert parked.code == UNKNOWN_OUTCOME
+
+
+async def test_calls_are_counted_by_step_and_outcome_and_the_doubt_is_a_gauge(
+    database_url: str,
+) -> None:
+    from prometheus_client import REGISTRY
+
+    from jobfence.stats import refresh_gauges
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    step = f"erp.{database_url[:4]}"  # a series of this test's own
+    calls_of = {"queue": "orders", "consumer": "orders", "step": step}
+    downstream = Downstream()
+    downstream.script = ["ok", "lost", "lost"]
+
+    async def lookup(key: str) -> None:
+        return None  # never found: the third job is sent again
+
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        if job.job_id == "o-3":
+            await job.call(step, downstream.send, reconcile=lookup, retry=FAST)
+        else:
+            await job.call(step, downstream.send, retry=FAST)
+
+    app = app_with(database_url, handle, name="orders")
+    async with app:
+        for n in (1, 2, 3):
+            await app.enqueue("orders", {"n": n}, job_id=f"o-{n}")
+
+        async def settled() -> bool:
+            states = [r[3] for r in await calls(database_url)]
+            return states.count("succeeded") == 2 and len(await letters(database_url)) == 1
+
+        async with RunningWorker(app, poll_interval=0.05, concurrency=1):
+            await eventually(settled, timeout=30, what="two calls made, one parked")
+        ledger_db = app.ledger.opened
+        assert ledger_db is not None
+        await refresh_gauges(app.db, None, ledger_db)
+    assert sample("jobfence_calls_total", **calls_of, outcome="succeeded") == 2
+    assert sample("jobfence_calls_total", **calls_of, outcome="parked") == 1
+    assert sample("jobfence_call_reconciles_total", **calls_of, result="not_found") == 1
+    assert sample("jobfence_calls_open", state="in_doubt") == 1
+    assert sample("jobfence_calls_oldest_open_age_seconds", state="in_doubt") > 0
