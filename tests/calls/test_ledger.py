@@ -29,6 +29,8 @@ from jobfence.calls import UNKNOWN_OUTCOME, default_key, ledger_url
 from jobfence.config import parse_database_url
 from tests.helpers import RunningWorker, eventually, query, table
 
+from ..helpers import RunningWorker, eventually, query, table
+
 FAST = CallRetry(attempts=3, initial=0.01, multiplier=2.0, maximum=0.05)
 QUICK_RETRIES = RetryPolicy(
     max_retries=4,
@@ -74,6 +76,10 @@ def ledger_of(url: str) -> str:
 
 
 async def calls(url: str) -> list[tuple[Any, ...]]:
+    """The call ledger's rows (none while the ledger is not made yet: no call so far)."""
+    where = ledger_url(parse_database_url(url))
+    if where.dialect == "sqlite" and not where.path.exists():
+        return []
     return await query(
         ledger_of(url),
         f"SELECT job_id, step, idem_key, state, attempts, outcome, reference, last_error "
