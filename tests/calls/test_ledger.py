@@ -27,7 +27,6 @@ from jobfence import (
 )
 from jobfence.calls import UNKNOWN_OUTCOME, default_key, ledger_url
 from jobfence.config import parse_database_url
-from tests.helpers import RunningWorker, eventually, query, table
 
 from ..helpers import RunningWorker, eventually, query, table
 
