@@ -10,6 +10,9 @@ them. Its handler POSTs to a stub (a separate process on loopback, keep-alive, a
 with a small JSON body) and INSERTs one effect row with the answer in the job's transaction:
 
 - ``bare``: the POST as it is, with an idempotency key built by hand;
+- ``bare, 1 job/tx``: the same, each job in a transaction of its own (``batch_size=1``) — what
+  the ledger's consumers do: a consumer that calls out leaves group commit, since a call
+  would hold a shared transaction open for a network round trip;
 - ``ledger``: the same POST as ``await job.call("stub.create", send)`` — the intent
   committed before the request leaves, the outcome recorded after it.
 
@@ -48,7 +51,7 @@ from roundtrips import round_trips  # noqa: E402
 
 PG = os.environ.get("JOBFENCE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 PG_PORT = int(re.search(r":(\d+)/", PG).group(1)) if re.search(r":(\d+)/", PG) else 5432  # type: ignore[union-attr]
-MODES = ("bare", "ledger")
+MODES = ("bare", "bare, 1 job/tx", "ledger")
 COMMITS = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -148,7 +151,8 @@ async def _work(mode: str, url: str, jobs: int, stub_url: str) -> dict[str, floa
     dbname = url.rsplit("/", 1)[1]
     with psycopg.connect(url, autocommit=True) as probe:
         async with app:
-            worker = app.worker(concurrency=8, summary_interval=0)
+            batch = {"batch_size": 1} if mode == "bare, 1 job/tx" else {}
+            worker = app.worker(concurrency=8, summary_interval=0, **batch)
             task = asyncio.create_task(worker.run())
             await asyncio.sleep(0.2)  # the pool's connections open
             base = _backend_cpu(probe, dbname)
@@ -263,7 +267,7 @@ def main() -> None:
     print(f"load average after:  {os.getloadavg()}")
     print(
         f"\n{args.jobs} jobs x {args.repeat} timed runs per mode (+1 under strace), one POST "
-        "to a local stub and one INSERT per job, concurrency 8, group commit (the default)"
+        "to a local stub and one INSERT per job, concurrency 8, PostgreSQL queue"
     )
 
     def figure(mode: str, name: str, scale: float) -> tuple[float, float, float]:
@@ -275,7 +279,8 @@ def main() -> None:
         ("worker CPU µs/job", lambda m: figure(m, "cpu", 1e6 / args.jobs), False),
         ("server CPU µs/job", lambda m: figure(m, "server_cpu", 1e6 / args.jobs), False),
     ]
-    print(f"{'figure':<28}" + "".join(f"{m:>22}" for m in MODES) + f"{'ledger / bare':>15}")
+    head = "".join(f"{m:>22}" for m in MODES)
+    print(f"{'figure':<28}{head}{'ledger / bare':>15}{'/ bare 1/tx':>13}")
     for label, get, is_rate in rows:
         cells, medians = [], []
         for mode in MODES:
@@ -287,7 +292,7 @@ def main() -> None:
         print(
             f"{label:<28}"
             + "".join(f"{c:>22}" for c in cells)
-            + f"{medians[1] / medians[0]:>15.2f}"
+            + f"{medians[2] / medians[0]:>15.2f}{medians[2] / medians[1]:>13.2f}"
         )
     for label, name, source in (
         ("commits / job", "commits", "timed"),
@@ -300,7 +305,7 @@ def main() -> None:
         print(
             f"{label:<28}"
             + "".join(f"{v:>22.2f}" for v in values)
-            + f"{values[1] - values[0]:>+15.2f}"
+            + f"{values[2] - values[0]:>+15.2f}{values[2] - values[1]:>+13.2f}"
         )
 
 
