@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from jobfence import Actor, App, ConfigurationError, Job, NonRetryableError, Tx
-from jobfence import deadletters as dl
 from jobfence.calls import UNKNOWN_OUTCOME, default_key
+from jobfence.review import deadletters as dl
 
 from ..helpers import RunningWorker, eventually, query, table
 from .test_ledger import FAST, Downstream, app_with, calls, ledger_of, letters, run_until
@@ -224,7 +224,7 @@ async def test_calls_are_counted_by_step_and_outcome_and_the_doubt_is_a_gauge(
 ) -> None:
     from prometheus_client import REGISTRY
 
-    from jobfence.stats import refresh_gauges
+    from jobfence.review.stats import refresh_gauges
 
     def sample(name: str, **labels: str) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0

@@ -55,9 +55,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import DatabaseURL
+from ..core.jobs import Job, partner_of
 from ..db import Database, Row
 from ..errors import ConfigurationError, JobfenceError, NonRetryableError, describe
-from ..jobs import Job, partner_of
 from ..observers import Observer
 from ..tracing import Tracing
 from .outcomes import (

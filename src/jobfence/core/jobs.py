@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 T = TypeVar("T")
 
