@@ -41,7 +41,7 @@ from ..helpers import eventually, query, table
 from .apps import STEP
 from .test_ledger import ledger_of
 
-DEFAULT_JOBS = 120
+DEFAULT_JOBS = 100
 SLOW_JOBS = 1000
 WORKERS = 2
 KILLS = ("before", "in_send", "in_flight", "after")
