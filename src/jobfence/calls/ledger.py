@@ -40,7 +40,7 @@ short transactions of its own, never in the job's::
   the key and the last error. A category of its own was weighed and left out: the dead
   letters' category is a CHECK constraint, which SQLite can only change by rebuilding the
   table (its triggers, indexes and the replays that point at it), and every door lists the
-  taxonomy; the error code is what operators filter on (``--error-code UNKNOWN_OUTCOME``).
+  taxonomy; the error code says it (and the error starts ``UnknownOutcome:``).
 """
 
 from __future__ import annotations
