@@ -269,6 +269,7 @@ async def test_faults(target: Target, stub: str, tmp_path: Path, reconcile: bool
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("reconcile", [True, False], ids=["reconcile", "no_reconcile"])
 async def test_faults_1000_jobs(target: Target, stub: str, tmp_path: Path, reconcile: bool) -> None:
     await run_faults(target, stub, tmp_path, SLOW_JOBS, reconcile)
