@@ -41,7 +41,7 @@ from ..helpers import eventually, query, table
 from .apps import STEP
 from .test_ledger import ledger_of
 
-DEFAULT_JOBS = 120
+DEFAULT_JOBS = 100
 SLOW_JOBS = 1000
 WORKERS = 2
 KILLS = ("before", "in_send", "in_flight", "after")
@@ -269,6 +269,7 @@ async def test_faults(target: Target, stub: str, tmp_path: Path, reconcile: bool
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("reconcile", [True, False], ids=["reconcile", "no_reconcile"])
 async def test_faults_1000_jobs(target: Target, stub: str, tmp_path: Path, reconcile: bool) -> None:
     await run_faults(target, stub, tmp_path, SLOW_JOBS, reconcile)

@@ -262,3 +262,33 @@ async def test_calls_are_counted_by_step_and_outcome_and_the_doubt_is_a_gauge(
     assert sample("jobfence_call_reconciles_total", **calls_of, result="not_found") == 1
     assert sample("jobfence_calls_open", state="in_doubt") == 1
     assert sample("jobfence_calls_oldest_open_age_seconds", state="in_doubt") > 0
+
+
+async def test_one_step_called_twice_at_once_is_refused_and_called_in_turn_is_recorded(
+    sqlite_database: str,
+) -> None:
+    downstream = Downstream()
+    results: list[Any] = []
+
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        first, second = await asyncio.gather(
+            job.call("erp.create", downstream.send, retry=FAST),
+            job.call("erp.create", downstream.send, retry=FAST),
+            return_exceptions=True,
+        )
+        results.extend([first, second])
+        results.append(await job.call("erp.create", downstream.send, retry=FAST))
+
+    app = app_with(sqlite_database, handle)
+    async with app:
+        await app.enqueue("orders", {"n": 1}, job_id="order-1")
+
+        async def ran() -> bool:
+            return len(results) == 3
+
+        await run_until(app, ran, "the handler")
+    refused = [r for r in results[:2] if isinstance(r, ConfigurationError)]
+    assert len(refused) == 1
+    assert "is already being called" in str(refused[0])
+    assert downstream.sends == 1
+    assert results[2] == next(r for r in results[:2] if not isinstance(r, Exception))

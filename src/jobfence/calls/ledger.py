@@ -40,7 +40,7 @@ short transactions of its own, never in the job's::
   the key and the last error. A category of its own was weighed and left out: the dead
   letters' category is a CHECK constraint, which SQLite can only change by rebuilding the
   table (its triggers, indexes and the replays that point at it), and every door lists the
-  taxonomy; the error code is what operators filter on (``--error-code UNKNOWN_OUTCOME``).
+  taxonomy; the error code says it (and the error starts ``UnknownOutcome:``).
 """
 
 from __future__ import annotations
@@ -196,6 +196,8 @@ class Ledger:
         self._db: Database | None = None
         self._lock = asyncio.Lock()
         self._bound: dict[str, JobCalls] = {}
+        #: (consumer, job_id, step) of the calls running in this process
+        self.running: set[tuple[str, str, str]] = set()
 
     async def database(self) -> Database:
         if self._db is None:
@@ -497,12 +499,24 @@ class JobCalls:
             retry or DEFAULT_CALL_RETRY,
             refresh,
         )
-        began = time.perf_counter()
-        tracing = self.ledger.tracing
-        if tracing is None:
-            return await running.run(key)
-        with tracing.call(step, key, self.consumer) as span:
-            try:
+        mine = (self.consumer, job.job_id, step)
+        if mine in self.ledger.running:
+            # its row is pending while it runs: a second caller would take it for a call
+            # whose process died
+            raise ConfigurationError(
+                f"job.call: step {step!r} of job {job.job_id!r} is already being called; give "
+                "each call of a job a step name of its own"
+            )
+        self.ledger.running.add(mine)
+        try:
+            tracing = self.ledger.tracing
+            if tracing is None:
                 return await running.run(key)
-            finally:
-                tracing.call_outcome(span, running.outcome, time.perf_counter() - began)
+            began = time.perf_counter()
+            with tracing.call(step, key, self.consumer) as span:
+                try:
+                    return await running.run(key)
+                finally:
+                    tracing.call_outcome(span, running.outcome, time.perf_counter() - began)
+        finally:
+            self.ledger.running.discard(mine)
