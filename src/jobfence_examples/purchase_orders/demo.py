@@ -45,7 +45,11 @@ DEMO_POLICY = RetryPolicy(
         "seconds; the service's default is PO_POLICY"
     ),
 )
-DEMO_CALL_RETRY = CallRetry(attempts=3, initial=0.02, multiplier=2.0, maximum=0.5)
+#: the in-process retry of the ERP step, compressed for the demo (R5: 2 s, ×2, ≤ 30 s). Its
+#: first pause is twice the client's timeout: a request that timed out is looked up only
+#: once it had time to land — a lookup racing a create still queued in a busy ERP would say
+#: "not there" and the step would send it again (docs/calls.md, "In doubt").
+DEMO_CALL_RETRY = CallRetry(attempts=3, initial=1.0, multiplier=2.0, maximum=2.0)
 
 
 @dataclass(frozen=True)
