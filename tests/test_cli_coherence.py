@@ -44,6 +44,7 @@ DURATION_FLAGS = {
     ("worker", "--liveness-timeout"),
     ("relay", "--liveness-timeout"),
     ("calls list", "--older-than"),
+    ("migrate", "--wait"),
 }
 #: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
 #: and the demo, which runs on a temporary database of its own
