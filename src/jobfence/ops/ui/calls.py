@@ -13,10 +13,10 @@ from fastapi.responses import Response
 
 from ...calls import review
 from ...errors import InvalidRequest
-from ..deps import MAX_ID, actor_of, jobfence_app
+from ..deps import MAX_ID, jobfence_app
 from .letters import _form
 from .render import link, page, redirect
-from .session import User, operator, signed_in
+from .session import User, actor_of, flash, operator, signed_in
 
 router = APIRouter()
 SIGNED_IN: Any = Depends(signed_in)
@@ -109,7 +109,10 @@ async def settle_call(request: Request, call_id: int = CALL, user: User = OPERAT
         if done.replay is not None
         else "; the job is not parked: it finds the settlement when it runs"
     )
-    user.session.flash.append(
-        ("ok", f"Call {call_id} settled as {done.call.state.replace('_', ' ')}{replayed}")
+    await flash(
+        request,
+        user,
+        "ok",
+        f"Call {call_id} settled as {done.call.state.replace('_', ' ')}{replayed}",
     )
     return redirect(f"/ui/calls/{call_id}")
