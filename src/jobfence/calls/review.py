@@ -39,17 +39,14 @@ from typing import Any, Literal, get_args
 from ..db import Database, Tx, to_datetime
 from ..errors import InvalidRequest, NotFound, ReviewConflict, clean_text
 from ..review.deadletters import (
-    MAX_PAGE,
-    MAX_REASON,
     Actor,
     ItemResult,
-    _id,
-    _limit,
     lock_for_review,
     record,
     replay_outcomes,
     republish,
 )
+from ..review.validation import MAX_PAGE, MAX_REASON, checked_id, checked_limit
 from ..transports import Transport
 from .ledger import MAX_REFERENCE, Ledger
 from .store import ledger_url
@@ -285,8 +282,8 @@ async def list_calls(
     flt = (flt or CallFilter()).check()
     params = {
         **flt.params(actor.partner),
-        "after": _id(after, "after (the cursor)", low=0),
-        "limit": _limit(limit),
+        "after": checked_id(after, "after (the cursor)", low=0),
+        "limit": checked_limit(limit),
     }
     items = [_summary(r) for r in await calls.run("calls_list", params)]
     return CallPage(items, items[-1].id if len(items) == limit else None)
@@ -300,7 +297,7 @@ async def show_call(db: Database, calls: Database, call_id: int, *, actor: Actor
 
 
 async def _get(calls: Database, call_id: int, actor: Actor) -> Mapping[str, Any]:
-    _id(call_id, "the call id")
+    checked_id(call_id, "the call id")
     rows = await calls.run("calls_show", {"id": call_id})
     if not rows or not actor.sees(rows[0]["partner"]):
         raise NotFound(f"no call {call_id}")

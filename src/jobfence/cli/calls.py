@@ -15,19 +15,19 @@ from rich.table import Table
 
 from ..calls import review
 from ..review.deadletters import Actor
-from ._common import (
+from .common import (
     Duration,
-    _default_actor,
-    _emit,
-    _opened,
-    _ts,
     actor_option,
     console,
     database_option,
+    default_actor,
+    emit_json,
     json_option,
     limit_option,
     main_group,
+    opened_app,
     run,
+    show_time,
     transport_option,
 )
 
@@ -80,16 +80,16 @@ def list_calls(
     )
 
     async def go() -> review.CallPage:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             calls = await review.ledger_db(app.ledger, app.db)
             return await review.list_calls(
-                calls, flt, actor=Actor(_default_actor(), "cli"), limit=limit, after=after
+                calls, flt, actor=Actor(default_actor(), "cli"), limit=limit, after=after
             )
 
     found = run(go())
     if as_json:
         for call in found.items:
-            _emit(call.to_json())
+            emit_json(call.to_json())
         return
     table = Table(title=f"calls ({state})")
     for column in ("id", "job_id", "queue", "step", "key", "state", "age", "last error"):
@@ -118,22 +118,22 @@ def show_call(call_id: int, database_url: str | None, as_json: bool) -> None:
     """One call: its job, step, key, state, recorded outcome, settlement, parked letter."""
 
     async def go() -> review.CallView:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             calls = await review.ledger_db(app.ledger, app.db)
             return await review.show_call(
-                app.db, calls, call_id, actor=Actor(_default_actor(), "cli")
+                app.db, calls, call_id, actor=Actor(default_actor(), "cli")
             )
 
     view = run(go())
     if as_json:
-        _emit(view.to_json())
+        emit_json(view.to_json())
         return
     c = view.call
     table = Table(title=f"call {c.id}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     settled = (
-        f"{c.state} by {c.settled_by} at {_ts(c.settled_at)} UTC: {c.settled_reason}"
+        f"{c.state} by {c.settled_by} at {show_time(c.settled_at)} UTC: {c.settled_reason}"
         if c.settled_at
         else "-"
     )
@@ -144,8 +144,8 @@ def show_call(call_id: int, database_url: str | None, as_json: bool) -> None:
         ("key", c.key),
         ("state", c.state),
         ("attempts", str(c.attempts)),
-        ("intent at", f"{_ts(c.created_at)} UTC ({review.age_text(c.age_seconds)} ago)"),
-        ("updated at", f"{_ts(c.updated_at)} UTC"),
+        ("intent at", f"{show_time(c.created_at)} UTC ({review.age_text(c.age_seconds)} ago)"),
+        ("updated at", f"{show_time(c.updated_at)} UTC"),
         ("last error", c.last_error or "-"),
         ("reference", c.reference or "-"),
         ("settled", settled),
@@ -188,7 +188,7 @@ def settle_call(
     calls again, with the same key). The job's parked dead letter is replayed."""
 
     async def go() -> review.SettleResult:
-        async with _opened(database_url, transport) as app:
+        async with opened_app(database_url, transport) as app:
             return await review.settle_call(
                 app.db,
                 await review.ledger_db(app.ledger, app.db),
@@ -202,7 +202,7 @@ def settle_call(
 
     result = run(go())
     if as_json:
-        _emit(result.to_json())
+        emit_json(result.to_json())
         return
     ref = f" (reference {result.call.reference})" if result.call.reference else ""
     console.print(f"call {call_id}: settled as {result.call.state}{ref}")

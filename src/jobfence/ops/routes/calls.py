@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...app import App
 from ...calls import review
 from ...calls.ledger import MAX_REFERENCE
-from ...review.deadletters import MAX_REASON
+from ...review.validation import MAX_REASON
 from ..auth import Principal
 from ..deps import APP, CONFLICT, FORBIDDEN, MAX_ID, MISSING, OPERATOR, VIEWER, actor_of
 

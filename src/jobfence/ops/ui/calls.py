@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from ...calls import review
 from ...errors import InvalidRequest
 from ..deps import MAX_ID, jobfence_app
-from .letters import _form
+from .letters import read_form
 from .render import link, page, redirect
 from .session import User, actor_of, flash, operator, signed_in
 
@@ -92,7 +92,7 @@ async def show_call(request: Request, call_id: int = CALL, user: User = SIGNED_I
 @router.post("/ui/calls/{call_id}/settle")
 async def settle_call(request: Request, call_id: int = CALL, user: User = OPERATOR) -> Response:
     jf = jobfence_app(request)
-    form = await _form(request)
+    form = await read_form(request)
     outcome = form.get("outcome", "")
     done = await review.settle_call(
         jf.db,
