@@ -11,8 +11,8 @@ import click
 import pytest
 
 from jobfence.cli import main_group
-from jobfence.cli._common import Duration, parse_duration
-from jobfence.review.deadletters import MAX_PAGE
+from jobfence.cli.common import Duration, parse_duration
+from jobfence.review.validation import MAX_PAGE
 
 from .test_cli import jf, one_line_error
 
@@ -43,6 +43,7 @@ DURATION_FLAGS = {
     ("ops serve", "--session-ttl"),
     ("worker", "--liveness-timeout"),
     ("relay", "--liveness-timeout"),
+    ("migrate", "--wait"),
 }
 #: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
 #: and the demo, which runs on a temporary database of its own

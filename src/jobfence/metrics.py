@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 from .core.jobs import Delivery, Job
 from .errors import Category
@@ -198,9 +198,3 @@ class MetricsObserver(Observer):
 
     def call_reconciled(self, job: Job[Any], consumer: str, step: str, result: str) -> None:
         RECONCILES.labels(job.queue, consumer, step, result).inc()
-
-
-def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
-    """Expose ``/metrics`` on ``host:port`` in a background thread (without the health
-    endpoints; a worker's and a relay's server is :func:`jobfence.runtime.health.serve`)."""
-    start_http_server(port, addr=host)

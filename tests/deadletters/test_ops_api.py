@@ -8,7 +8,7 @@ import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jobfence.review.deadletters import MAX_PAGE
+from jobfence.review.validation import MAX_PAGE
 
 from ..helpers import eventually, query, table
 from .conftest import OpsServer, letter_params, seed_letters
@@ -363,7 +363,9 @@ async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:
     assert "jobfence_alert_deliveries_pending" in metrics.text
     assert sorted(spec["paths"]) == [
         "/healthz",
+        "/livez",
         "/metrics",
+        "/readyz",
         "/v1/audit",
         "/v1/dead-letters",
         "/v1/dead-letters/{letter_id}",
