@@ -330,8 +330,8 @@ class App:
             payload_limit=self.payload_limit,
             maintenance=self.maintenance,
             redelivery_exposure=self.redelivery_exposure(),
-            fence_enabled=self._fence_enabled,
             ledger=self.ledger,
+            fence_enabled=self._fence_enabled,
         )
         return self._runtime
 

@@ -36,6 +36,7 @@ from ..contract.support import (
     make_target,
     remaining,
     sweep_rabbitmq_session,
+    with_option,
 )
 from ..helpers import eventually, query, table
 from .apps import STEP
@@ -49,6 +50,8 @@ FAULTS = ("timeout", "reset", "reset_before", "500", "503")
 #: each kind of kill, and each fault, happens to this share of the jobs (at least 2 jobs each)
 KILL_SHARE = 0.02
 FAULT_SHARE = 0.04
+#: Pub/Sub redelivers a lost message at once, and never moves one to its dead-letter topic
+FAST_PUBSUB = {"min_backoff": 0, "max_backoff": 1, "max_delivery_attempts": 100}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -177,14 +180,20 @@ async def run_faults(target: Target, stub: str, tmp_path: Path, n: int, reconcil
     marks.mkdir()
     seed = int.from_bytes(os.urandom(4), "big")
     planned = plans(n, seed)
-    app = target.app(lease=2.0)
+    transport = target.transport_url
+    if target.kind == "pubsub":
+        # the subscription's redelivery backoff (10 s up to 10 min by default) would hold a
+        # job whose worker was killed twice for minutes; and no Pub/Sub dead-lettering
+        for option, value in FAST_PUBSUB.items():
+            transport = with_option(transport or "", option, value)
+    app = target.app(lease=2.0, transport_url=transport)
     async with app:
         jobs = [app.job(target.queue, plan, job_id=f"job-{i}") for i, plan in enumerate(planned)]
         await app.enqueue_many(jobs)
     workers = Workers(
         {
             "JF_DB": target.database_url,
-            "JF_TRANSPORT": target.transport_url or "",
+            "JF_TRANSPORT": transport or "",
             "JF_QUEUE": target.queue,
             "JF_LEASE": "2",
             "JF_STUB": stub,
@@ -213,7 +222,26 @@ async def run_faults(target: Target, stub: str, tmp_path: Path, n: int, reconcil
             parked = await parked_jobs(target.database_url)
             return len(finished | set(parked)) >= n
 
-        await eventually(settled, timeout=240 + n * 0.6, interval=0.1, what=f"{n} jobs settled")
+        # well inside pytest's own timeout, so that a run that never settles fails here,
+        # saying which jobs are missing, and its workers and databases are cleaned up
+        await eventually(settled, timeout=120 + n * 0.6, interval=0.1, what=f"{n} jobs settled")
+    except AssertionError as exc:
+        finished = await done_jobs(target.database_url)
+        parked = await parked_jobs(target.database_url)
+        rows = await query(
+            ledger_of(target.database_url),
+            f"SELECT job_id, state FROM {table(target.database_url, 'calls')}",
+        )
+        states = {str(r[0]): str(r[1]) for r in rows}
+        missing = {
+            job: states.get(job, "no call")
+            for job in (f"job-{i}" for i in range(n))
+            if job not in finished and job not in parked
+        }
+        raise AssertionError(
+            f"{exc}: not done nor parked, with their calls' states: {missing} (seed {seed}, "
+            f"{workers.started} workers started)"
+        ) from None
     finally:
         workers.stop()
     took = time.monotonic() - began
@@ -260,7 +288,7 @@ async def run_faults(target: Target, stub: str, tmp_path: Path, n: int, reconcil
             assert states[job] == "in_doubt", job
         assert finished | set(parked) == set(keys)
         assert parked, "no call was in doubt: the faults did not bite"
-    assert await remaining(target) == 0
+    assert await remaining(target, transport) == 0
 
 
 @pytest.mark.parametrize("reconcile", [True, False], ids=["reconcile", "no_reconcile"])

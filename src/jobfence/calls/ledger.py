@@ -216,7 +216,7 @@ class Ledger:
             await db.close()
 
     def bound(self, consumer: str) -> JobCalls:
-        """The :class:`~jobfence.core.jobs.CallLedger` the harness gives ``consumer``'s jobs."""
+        """The :class:`~jobfence.jobs.CallLedger` the harness gives ``consumer``'s jobs."""
         calls = self._bound.get(consumer)
         if calls is None:
             calls = self._bound[consumer] = JobCalls(self, consumer)
@@ -464,7 +464,7 @@ def _as(exc: Exception, kind: type[Exception], what: str) -> Exception:
 
 
 class JobCalls:
-    """The ledger as one consumer's jobs see it (:meth:`jobfence.core.jobs.Job.call`)."""
+    """The ledger as one consumer's jobs see it (:meth:`jobfence.jobs.Job.call`)."""
 
     def __init__(self, ledger: Ledger, consumer: str) -> None:
         self.ledger = ledger

@@ -43,10 +43,10 @@ class Runtime:
     maintenance: Maintenance
     #: the youngest a fence may be when cleanup deletes it (see App.redelivery_exposure)
     redelivery_exposure: timedelta
+    #: the call ledger of ``job.call`` (jobfence.calls), opened by the first call
+    ledger: Ledger | None = None
     #: False only to measure what the fence costs (the benchmarks' baseline)
     fence_enabled: bool = True
-    #: the call ledger of ``job.call`` (jobfence.calls; None: the jobs make no calls)
-    ledger: Ledger | None = None
 
     @property
     def queue_db(self) -> Database | None:

@@ -22,7 +22,6 @@ from typing import Any
 
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from ..core.jobs import Delivery
-from ..db import Database
 from ..metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
 from .context import Runtime, RuntimeSource
 from .harness import Harness, Outcome
@@ -140,11 +139,6 @@ class Worker:
         #: what /livez and /readyz report for this worker (jobfence.runtime.health)
         self.health = Health("worker")
         self._inflight_reported = 0
-
-    def _calls_db(self) -> Database | None:
-        """The call ledger's database once a call opened it (its gauges)."""
-        ledger = self.runtime.ledger
-        return ledger.opened if ledger is not None else None
 
     @property
     def runtime(self) -> Runtime:
@@ -485,7 +479,7 @@ class Worker:
                     self.runtime.db,
                     queue_db=self.runtime.queue_db,
                     min_age=self.runtime.redelivery_exposure,
-                    calls_db=self._calls_db,
+                    calls_db=lambda: ledger.opened if (ledger := self.runtime.ledger) else None,
                 ),
                 name="jobfence-housekeeping",
             )
