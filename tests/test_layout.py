@@ -108,6 +108,43 @@ def test_no_asyncio_wait_for_in_the_library() -> None:
     assert found == []
 
 
+#: what only the queue port may know: which transport keeps its jobs in a table, and where
+QUEUE_INTERNALS = re.compile(r"queue_db|shares_database|DatabaseQueue")
+
+
+def queue_internals(source_text: str, module: str) -> list[str]:
+    """Lines naming the database queue's internals, outside ``jobfence.transports``."""
+    if module == "jobfence.transports" or module.startswith("jobfence.transports."):
+        return []
+    return [
+        f"{module}:{n}: {line.strip()}"
+        for n, line in enumerate(source_text.splitlines(), 1)
+        if QUEUE_INTERNALS.search(line)
+    ]
+
+
+def test_only_the_queue_port_knows_the_database_queue() -> None:
+    """Services and doors ask the transport for its job-control view
+    (``Transport.jobs_db`` / ``Transport.job_control()``, which refuses a broker with one
+    message) instead of branching on the transport's kind (issue 24): nothing outside
+    transports/ names ``queue_db``, ``shares_database`` or ``DatabaseQueue``."""
+    found = [
+        hit
+        for path in library_modules()
+        for hit in queue_internals(path.read_text(encoding="utf-8"), _module_of(path)[0])
+    ]
+    assert found == []
+
+
+def test_the_queue_internals_check_sees_each_name() -> None:
+    sample = "x = app.transport.queue_db\nok = 1\nDatabaseQueue(db, shares_database=True)\n"
+    assert queue_internals(sample, "jobfence.review.jobctl") == [
+        "jobfence.review.jobctl:1: x = app.transport.queue_db",
+        "jobfence.review.jobctl:3: DatabaseQueue(db, shares_database=True)",
+    ]
+    assert queue_internals(sample, "jobfence.transports.database") == []
+
+
 def _module_of(path: Path) -> tuple[str, bool]:
     parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
     is_package = parts[-1] == "__init__"

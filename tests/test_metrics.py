@@ -38,10 +38,10 @@ async def test_database_gauges_read_the_backlogs(database_url: str) -> None:
         await app.enqueue("gauge.a", {"n": 1}, job_id="a1")
         await app.enqueue("gauge.a", {"n": 2}, job_id="a2")
         await app.enqueue("gauge.b", {"n": 3}, job_id="b1", delay=timedelta(hours=1))
-        await pause_queue(app.db, "gauge.a", actor=Actor("tester"), queue_db=app.queue_db)
+        await pause_queue(app.db, "gauge.a", actor=Actor("tester"), jobs_db=app.transport.jobs_db)
         async with app.db.transaction() as tx:
             await outbox.write(tx, "gauge.out", {"n": 4}, event_id="e1")
-        await refresh_gauges(app.db, app.queue_db)
+        await refresh_gauges(app.db, app.transport.jobs_db)
 
     # gauge.b's only job is not due for an hour: it has not waited at all
     assert value("jobfence_queue_oldest_due_job_age_seconds", queue="gauge.b") is None
@@ -121,7 +121,7 @@ async def test_a_failing_gauge_query_leaves_the_others_refreshing(pg_database: s
         limited = pg_database.replace("postgres@", f"{role}@")
         async with App(limited, auto_migrate=False) as app:
             with pytest.raises(GaugesFailed) as failed:
-                await refresh_gauges(app.db, app.queue_db)
+                await refresh_gauges(app.db, app.transport.jobs_db)
         assert set(failed.value.failed) == {"queue_pauses"}
         assert value("jobfence_queue_depth", queue="gauge.grant", state="available") == 1
     finally:

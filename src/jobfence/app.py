@@ -41,11 +41,7 @@ from .runtime.worker import Worker
 from .store import Store
 from .transports import Transport, broker_from_url, check_payload_sizes, is_broker_url
 from .transports import database as database_queue
-from .transports.database import (
-    DatabaseQueue,
-    database_max_payload,
-    database_max_payload_reason,
-)
+from .transports.database import database_max_payload, database_max_payload_reason
 
 H = TypeVar("H", bound=Handler)
 
@@ -286,12 +282,6 @@ class App:
         policies = [c.policy for c in self.consumers.values()] or [DEFAULT_POLICY]
         return fence.longest_exposure(policies, self.lease)
 
-    @property
-    def queue_db(self) -> Database | None:
-        """The database queue's database when it is not the app's own (for its gauges)."""
-        queue_db = self.transport.queue_db
-        return queue_db if queue_db is not self.db else None
-
     def _check_ttl(self) -> None:
         policies = [(c.queue, c.policy) for c in self.consumers.values()] or [
             ("(default)", DEFAULT_POLICY)
@@ -420,15 +410,15 @@ class App:
             await broker.open()
             return broker
         if spec is None or parse_database_url(spec).target == self.url.target:
-            return DatabaseQueue(
-                db, shares_database=True, lease=self.lease, worker_id=self.worker_id
+            return database_queue.queue_in(
+                db, fence_db=db, lease=self.lease, worker_id=self.worker_id
             )
         other = connect(parse_database_url(spec), lock_timeout=self.lock_timeout)
         await other.open(max_size=pool_size)
         owned.append(other)
         await self._prepare(other)
-        return DatabaseQueue(
-            other, shares_database=False, lease=self.lease, worker_id=self.worker_id
+        return database_queue.queue_in(
+            other, fence_db=db, lease=self.lease, worker_id=self.worker_id
         )
 
     async def close(self) -> None:
@@ -517,7 +507,7 @@ class App:
                 return
             await self._publish(self.transport, jobs)
             return
-        if self.is_open and not isinstance(self.transport, DatabaseQueue):
+        if self.is_open and self.transport.jobs_db is None:
             raise EnqueueError(
                 "enqueue in the caller's transaction needs the database queue; with a broker "
                 "transport write to the outbox instead"

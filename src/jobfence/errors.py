@@ -175,6 +175,12 @@ class NotFound(JobfenceError):
     """No such dead letter, replay or event — or it is outside the caller's partner scope."""
 
 
+class JobControlUnavailable(NotFound):
+    """Job control (list, show, retry, cancel jobs; pause and resume queues) asked of a
+    transport that keeps its jobs in a broker, not in a database table. Raised only by
+    :meth:`jobfence.transports.Transport.job_control`, with one message for every door."""
+
+
 class InvalidRequest(JobfenceError):
     """A request that cannot be carried out as given (a blank reason, a bad filter…)."""
 

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from jobfence.core.jobs import Delivery, OutgoingJob
+from jobfence.errors import JobControlUnavailable, NotFound
+from jobfence.transports import NO_JOB_CONTROL
 from jobfence.transports.redis import RedisTransport
 
 from ..contract.support import Target
+from ..deadletters.test_cli import jobfence
 from ..helpers import eventually
 
 
@@ -16,6 +21,26 @@ def _transport(target: Target, worker: str, lease: float = 30.0) -> RedisTranspo
     return RedisTransport.from_url(
         target.transport_url, lease=timedelta(seconds=lease), worker_id=worker
     )
+
+
+def test_a_broker_refuses_job_control_in_one_place_with_one_line(
+    redis: Target, sqlite_database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Redis keeps its jobs itself: the port's job-control view is None and asking for job
+    control raises the one refusal (a NotFound: 404 at the ops API and the console); the
+    CLI's job and queue commands print that line and exit 1."""
+    red = _transport(redis, "w1")
+    assert red.jobs_db is None
+    with pytest.raises(JobControlUnavailable) as refused:
+        red.job_control()
+    assert isinstance(refused.value, NotFound)
+    assert str(refused.value) == NO_JOB_CONTROL
+    assert "keeps its jobs in a broker" in NO_JOB_CONTROL
+    where = ("--database-url", sqlite_database, "--transport", str(redis.transport_url))
+    listed = jobfence(capsys, "jobs", "list", *where)
+    paused = jobfence(capsys, "queues", "pause", redis.queue, "--reason", "smtp down", *where)
+    expected = (1, "", f"jobfence: error: {NO_JOB_CONTROL}\n")
+    assert (listed, paused) == (expected, expected)
 
 
 async def test_trimming_drops_acked_entries_and_never_unacked_ones(redis: Target) -> None:

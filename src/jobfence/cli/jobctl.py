@@ -62,13 +62,7 @@ async def _queue(
     """The app and the database its queue lives in (a broker: a clear error)."""
     app = make_app(database_url, transport)
     async with app:
-        qdb = app.transport.queue_db
-        if qdb is None:
-            raise InvalidRequest(
-                "this transport keeps its jobs in a broker, not in a database: jobs and queue "
-                "pauses are for the database queue (docs/job-control.md says what each "
-                "broker can show)"
-            )
+        qdb = app.transport.job_control()
         yield app, qdb
 
 
@@ -113,7 +107,7 @@ async def _row(
         actor=_who(),
         queue=queue,
         consumers={q: c.name for q, c in app.consumers.items()},
-        queue_db=qdb,
+        jobs_db=qdb,
     )
 
 
@@ -275,7 +269,7 @@ def cancel(
                 actor=_who(actor),
                 reason=reason,
                 consumers={q: c.name for q, c in app.consumers.items()},
-                queue_db=qdb,
+                jobs_db=qdb,
             )
 
     done = run(go())
@@ -312,7 +306,7 @@ def retry_now(
         async with _queue(database_url, transport) as (app, qdb):
             job = await _row(app, qdb, job_id, row_id, queue)
             return await jobctl.retry_now(
-                app.db, job, actor=_who(actor), reason=reason, queue_db=qdb
+                app.db, job, actor=_who(actor), reason=reason, jobs_db=qdb
             )
 
     done = run(go())
@@ -332,7 +326,7 @@ def list_queues(database_url: str | None, transport: str | None, as_json: bool) 
     async def go() -> tuple[list[jobctl.QueueInfo], int]:
         async with _queue(database_url, transport) as (app, qdb):
             known = set(app.consumers) or None
-            found = await jobctl.list_queues(app.db, actor=_who(), served=known, queue_db=qdb)
+            found = await jobctl.list_queues(app.db, actor=_who(), served=known, jobs_db=qdb)
             return found, jobctl.unserved_among(found)
 
     found, unserved = run(go())
@@ -386,7 +380,7 @@ def _pause_or_resume(action: str) -> click.Command:
         async def go() -> jobctl.QueueInfo:
             act = jobctl.pause_queue if action == "pause" else jobctl.resume_queue
             async with _queue(database_url, transport) as (app, qdb):
-                return await act(app.db, queue, actor=_who(actor), reason=reason, queue_db=qdb)
+                return await act(app.db, queue, actor=_who(actor), reason=reason, jobs_db=qdb)
 
         info = run(go())
         if as_json:

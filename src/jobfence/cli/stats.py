@@ -32,7 +32,7 @@ def stats(database_url: str | None, as_json: bool) -> None:
             return await counts.stats(
                 app.db,
                 actor=Actor(default_actor(), "cli"),
-                queue_db=app.transport.queue_db,
+                jobs_db=app.transport.jobs_db,
                 served=app.consumed_queues,
             )
 

@@ -66,8 +66,8 @@ def create_app(
         # a request never fails on a connection a database restart left stale, and an
         # outage answers 503 within seconds (docs/ops-api.md)
         jf.db.check_connections = True
-        if jf.transport.queue_db is not None:
-            jf.transport.queue_db.check_connections = True
+        if jf.transport.jobs_db is not None:
+            jf.transport.jobs_db.check_connections = True
         api.state.jobfence = jf
         api.state.jobfence_db = jf.db
         try:

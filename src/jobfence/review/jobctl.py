@@ -25,7 +25,8 @@ shows it. Jobs keep arriving in a paused queue; running jobs finish. Brokers can
 paused this way (see docs/job-control.md).
 
 Every action appends an audit row in the transaction that makes it. Job rows live in the
-queue's database (``queue_db``, the app's own database unless the queue is elsewhere);
+queue's database (``jobs_db``: the transport's job-control view,
+:meth:`jobfence.transports.Transport.job_control`; the app's own database unless given);
 letters and the audit log in the app's database.
 """
 
@@ -228,13 +229,13 @@ async def list_jobs(
     actor: Actor,
     limit: int = 50,
     after: int | None = None,
-    queue_db: Database | None = None,
+    jobs_db: Database | None = None,
 ) -> JobPage:
     """Jobs matching ``flt`` within the actor's scope, oldest first, without payloads.
 
     A keyset page on the primary key: deep pages cost what the first does."""
     flt = flt.check()
-    qdb = queue_db or db
+    qdb = _jobs(db, jobs_db)
     params = {
         **flt.params(qdb, actor.partner),
         "after": checked_id(after, "after (the cursor)", low=0),
@@ -246,11 +247,11 @@ async def list_jobs(
 
 
 async def show_job(
-    db: Database, job: int, *, actor: Actor, queue_db: Database | None = None
+    db: Database, job: int, *, actor: Actor, jobs_db: Database | None = None
 ) -> JobView:
     """One job (by its queue row id) with its payload and attempt history."""
     checked_id(job, "the job id")
-    rows = await (queue_db or db).run("job_get", {"id": job})
+    rows = await _jobs(db, jobs_db).run("job_get", {"id": job})
     if not rows or not actor.sees(rows[0]["partner"]):
         raise NotFound(_gone(job))
     row = rows[0]
@@ -258,6 +259,11 @@ async def show_job(
 
 
 # -- act -------------------------------------------------------------------------------------
+
+
+def _jobs(db: Database, jobs_db: Database | None) -> Database:
+    """The database holding the jobs: ``jobs_db`` when given, else the app's own ``db``."""
+    return db if jobs_db is None else jobs_db
 
 
 def _gone(job: int) -> str:
@@ -275,11 +281,11 @@ def _running(job: int, worker: str | None) -> ReviewConflict:
     )
 
 
-async def _not_running(queue_db: Database, job: int, actor: Actor) -> None:
+async def _not_running(jobs_db: Database, job: int, actor: Actor) -> None:
     """Refuse a running job before taking any lock: its attempt's transaction holds the row
     (PostgreSQL) or the database's write lock (SQLite) for as long as its handler works."""
     checked_id(job, "the job id")
-    rows = await queue_db.run("job_get", {"id": job})
+    rows = await jobs_db.run("job_get", {"id": job})
     if rows and actor.sees(rows[0]["partner"]) and rows[0]["state"] == "running":
         raise _running(job, rows[0]["worker_id"])
 
@@ -296,12 +302,12 @@ async def _locked(tx: Tx, job: int, actor: Actor) -> Mapping[str, Any]:
     return rows[0]
 
 
-async def _transactions(stack: AsyncExitStack, db: Database, queue_db: Database) -> tuple[Tx, Tx]:
+async def _transactions(stack: AsyncExitStack, db: Database, jobs_db: Database) -> tuple[Tx, Tx]:
     """The queue's transaction and the letters' (one when the queue is in ``db``). The
     queue's is entered first and so commits last: if it fails, the job stays and what was
     recorded about it (a letter, an audit row) says so — nothing is lost silently."""
-    qtx = await stack.enter_async_context(queue_db.transaction())
-    if queue_db is db:
+    qtx = await stack.enter_async_context(jobs_db.transaction())
+    if jobs_db is db:
         return qtx, qtx
     return qtx, await stack.enter_async_context(db.transaction())
 
@@ -317,13 +323,13 @@ async def cancel_job(
     actor: Actor,
     reason: str,
     consumers: Mapping[str, str] | None = None,
-    queue_db: Database | None = None,
+    jobs_db: Database | None = None,
 ) -> CancelResult:
     """Cancel a waiting or retrying job: it leaves the queue and becomes a discarded dead
     letter (error code ``CANCELLED``), audited, in one transaction. ``reason`` is required.
     ``consumers`` maps queues to consumer names (the letter's consumer; default the queue)."""
     why = checked_reason(reason, required=True)
-    qdb = queue_db or db
+    qdb = _jobs(db, jobs_db)
     await _not_running(qdb, job, actor)
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
@@ -372,12 +378,12 @@ async def retry_now(
     *,
     actor: Actor,
     reason: str | None = None,
-    queue_db: Database | None = None,
+    jobs_db: Database | None = None,
 ) -> JobSummary:
     """Make a job that is scheduled for later (a retry, or a delayed job) due now; audited.
     A job already due, or running, is a :class:`ReviewConflict`."""
     why = checked_reason(reason, required=False)
-    qdb = queue_db or db
+    qdb = _jobs(db, jobs_db)
     await _not_running(qdb, job, actor)
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
@@ -409,7 +415,7 @@ async def list_queues(
     *,
     actor: Actor,
     served: Collection[str] | None = None,
-    queue_db: Database | None = None,
+    jobs_db: Database | None = None,
 ) -> list[QueueInfo]:
     """Every queue that has jobs, letters pending review, a pause, or a consumer in
     ``served`` (the app's queues): counts within the actor's scope.
@@ -418,7 +424,7 @@ async def list_queues(
     where it has jobs or letters pending review (with their pause), never the names of
     queues only other partners use, nor the app's other queues. (Pausing and resuming stay
     unscoped: a queue is shared by every partner.)"""
-    qdb = queue_db or db
+    qdb = _jobs(db, jobs_db)
     found: dict[str, dict[str, Any]] = {}
     scoped = actor.partner is not None
 
@@ -461,11 +467,11 @@ async def unserved_jobs(
     served: Collection[str],
     *,
     actor: Actor,
-    queue_db: Database | None = None,
+    jobs_db: Database | None = None,
 ) -> int:
     """Waiting and retrying jobs in queues that no consumer in ``served`` takes (the app's
     queues): they will wait until some app consumes them."""
-    rows = await (queue_db or db).run("jobs_queue_counts", {"partner": actor.partner})
+    rows = await _jobs(db, jobs_db).run("jobs_queue_counts", {"partner": actor.partner})
     return sum(
         int(r["waiting"] or 0) + int(r["retrying"] or 0) for r in rows if r["queue"] not in served
     )
@@ -491,14 +497,14 @@ async def pause_queue(
     *,
     actor: Actor,
     reason: str | None = None,
-    queue_db: Database | None = None,
+    jobs_db: Database | None = None,
 ) -> QueueInfo:
     """Pause ``queue``: workers claim nothing from it until it is resumed (running jobs
     finish; new jobs still arrive). Audited (``queue.pause``)."""
     _shared(actor, "pause")
     _check_queue_name(queue)
     why = checked_reason(reason, required=False)
-    qdb = queue_db or db
+    qdb = _jobs(db, jobs_db)
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
         done = await qtx.q("queue_pause", {"queue": queue, "actor": actor.name, "reason": why})
@@ -524,13 +530,13 @@ async def resume_queue(
     *,
     actor: Actor,
     reason: str | None = None,
-    queue_db: Database | None = None,
+    jobs_db: Database | None = None,
 ) -> QueueInfo:
     """Resume a paused queue (workers claim from it again at once). Audited."""
     _shared(actor, "resume")
     _check_queue_name(queue)
     why = checked_reason(reason, required=False)
-    qdb = queue_db or db
+    qdb = _jobs(db, jobs_db)
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
         done = await qtx.q("queue_resume", {"queue": queue})
@@ -556,8 +562,8 @@ async def paused_among(db: Database, queues: Collection[str]) -> dict[str, dict[
     return {r["queue"]: {"paused_by": r["paused_by"], "reason": r["reason"]} for r in rows}
 
 
-async def _queue_info(db: Database, queue_db: Database, queue: str) -> QueueInfo:
-    infos = await list_queues(db, actor=Actor("library"), queue_db=queue_db)
+async def _queue_info(db: Database, jobs_db: Database, queue: str) -> QueueInfo:
+    infos = await list_queues(db, actor=Actor("library"), jobs_db=jobs_db)
     return next((i for i in infos if i.queue == queue), QueueInfo(queue))
 
 

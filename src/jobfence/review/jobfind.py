@@ -65,14 +65,14 @@ async def find_job(
     actor: dl.Actor,
     queue: str | None = None,
     consumers: Mapping[str, str] | None = None,
-    queue_db: Database | None = None,
+    jobs_db: Database | None = None,
 ) -> int:
     """The queue row id of the job with ``job_id`` (in ``queue`` when given).
 
     ``consumers`` maps the app's queues to their consumer names (the fence's key; default:
     the queue's name), so that a finished job can be told apart from one never enqueued."""
     found = await list_jobs(
-        queue_db or db, JobFilter(queue=queue, job_id=job_id), actor=actor, limit=SHOWN + 1
+        jobs_db or db, JobFilter(queue=queue, job_id=job_id), actor=actor, limit=SHOWN + 1
     )
     if len(found.items) == 1:
         return found.items[0].id

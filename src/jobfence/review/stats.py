@@ -31,7 +31,7 @@ async def stats(
     db: Database,
     *,
     actor: Actor,
-    queue_db: Database | None = None,
+    jobs_db: Database | None = None,
     served: Collection[str] = (),
     jobs: bool = True,
 ) -> Stats:
@@ -43,7 +43,7 @@ async def stats(
     letters = [{**r, "letters": int(r["letters"])} for r in rows]
     if actor.partner is not None or not jobs:
         return Stats(letters)
-    source = queue_db or db
+    source = jobs_db or db
     depth = await source.run("queue_depth")
     backlog = [
         {
@@ -61,7 +61,7 @@ async def stats(
 
 
 async def refresh_gauges(
-    db: Database, queue_db: Database | None = None, calls_db: Database | None = None
+    db: Database, jobs_db: Database | None = None, calls_db: Database | None = None
 ) -> None:
     """Set the database gauges (SPEC K1; docs/metrics.md): letters pending review, queue
     depth, the oldest due job's wait, paused queues, the outbox backlog, the fence
@@ -73,7 +73,7 @@ async def refresh_gauges(
     others still refresh; the failures are raised together at the end."""
     from .. import metrics as m
 
-    source = queue_db or db
+    source = jobs_db or db
     reads = {
         "dl_pending_counts": db,
         "queue_depth": source,

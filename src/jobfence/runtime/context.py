@@ -48,12 +48,6 @@ class Runtime:
     #: False only to measure what the fence costs (the benchmarks' baseline)
     fence_enabled: bool = True
 
-    @property
-    def queue_db(self) -> Database | None:
-        """The database queue's database when it is not this one (for its gauges)."""
-        queue_db = self.transport.queue_db
-        return queue_db if queue_db is not self.db else None
-
 
 class RuntimeSource(Protocol):
     """What a worker or a relay is given: an :class:`~jobfence.app.App`, or anything that

@@ -53,14 +53,14 @@ class Maintenance:
 
 async def _gauges_loop(
     db: Database,
-    queue_db: Database | None,
+    jobs_db: Database | None,
     interval: timedelta,
     calls_db: Callable[[], Database | None],
 ) -> None:
     """Every worker reads the gauges (docs/metrics.md: why not one reader per database)."""
     while True:
         try:
-            await refresh_gauges(db, queue_db, calls_db())
+            await refresh_gauges(db, jobs_db, calls_db())
         except Exception as exc:
             log.error("refreshing the database gauges failed: %s", exc)
         await asyncio.sleep(interval.total_seconds())
@@ -70,14 +70,14 @@ async def housekeeping(
     settings: Maintenance,
     db: Database,
     *,
-    queue_db: Database | None,
+    jobs_db: Database | None,
     min_age: timedelta,
     calls_db: Callable[[], Database | None] = lambda: None,
 ) -> None:
     """A worker's background duties, until cancelled: fence cleanup (never of a fence younger
-    than ``min_age``), alert delivery and the database gauges (``queue_db``: the database
-    queue's, when it is not ``db``; ``calls_db``: the call ledger's database once it is
-    open), as ``settings`` say. Never raises."""
+    than ``min_age``), alert delivery and the database gauges (``jobs_db``: the database
+    holding the jobs, the transport's job-control view, None: ``db``; ``calls_db``: the
+    call ledger's database once it is open), as ``settings`` say. Never raises."""
     async with asyncio.TaskGroup() as group:
         if settings.cleanup:
             group.create_task(
@@ -105,6 +105,6 @@ async def housekeeping(
                     dispatcher.run(interval=settings.alert_interval), name="jobfence-alerts"
                 )
         group.create_task(
-            _gauges_loop(db, queue_db, settings.gauges_interval, calls_db),
+            _gauges_loop(db, jobs_db, settings.gauges_interval, calls_db),
             name="jobfence-gauges",
         )

@@ -480,7 +480,7 @@ class Worker:
                 housekeeping(
                     self.runtime.maintenance,
                     self.runtime.db,
-                    queue_db=self.runtime.queue_db,
+                    jobs_db=self.runtime.transport.jobs_db,
                     min_age=self.runtime.redelivery_exposure,
                     calls_db=lambda: ledger.opened if (ledger := self.runtime.ledger) else None,
                 ),

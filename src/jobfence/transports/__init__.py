@@ -19,9 +19,21 @@ from datetime import timedelta
 
 from ..core.jobs import Delivery, OutgoingJob
 from ..db import Database, Tx
-from ..errors import Category, ConfigurationError, EnqueueError, extra_needed
+from ..errors import (
+    Category,
+    ConfigurationError,
+    EnqueueError,
+    JobControlUnavailable,
+    extra_needed,
+)
 
 MiB = 1024 * 1024
+
+#: What every door (CLI, ops API, console) says when job control meets a broker.
+NO_JOB_CONTROL = (
+    "this transport keeps its jobs in a broker, not in a database: jobs and queue pauses are "
+    "for the database queue (docs/job-control.md says what each broker can show)"
+)
 
 
 def _size(n: int) -> str:
@@ -67,6 +79,20 @@ class Transport(ABC):
     def max_payload_reason(self) -> str:
         """Where :attr:`max_payload` comes from, for people (shown in the error)."""
         return "this transport's limit"
+
+    @property
+    def jobs_db(self) -> Database | None:
+        """The job-control view: the database whose ``jobs`` table holds this queue's jobs
+        (and its queue pauses), or None when a broker keeps them itself."""
+        return self.queue_db
+
+    def job_control(self) -> Database:
+        """:attr:`jobs_db` for listing, showing, retrying and cancelling jobs and pausing
+        queues; :class:`~jobfence.errors.JobControlUnavailable` (one message for every door)
+        when a broker keeps the jobs."""
+        if self.queue_db is None:
+            raise JobControlUnavailable(NO_JOB_CONTROL)
+        return self.queue_db
 
     def check_payloads(self, jobs: Sequence[OutgoingJob]) -> None:
         """:class:`EnqueueError` if a job's payload is over :attr:`max_payload` (called before

@@ -344,3 +344,12 @@ class DatabaseQueue(Transport):
             if self.db.dialect == "postgresql":
                 await self.db.run("notify_queues", {"queues": queues})
             self.wake()
+
+
+def queue_in(
+    db: Database, *, fence_db: Database, lease: timedelta, worker_id: str | None
+) -> Transport:
+    """The database queue in ``db``; its acks and :meth:`~Transport.publish_tx` join the work
+    transaction when ``db`` is ``fence_db``, the database of the fence and the handlers'
+    work (:meth:`~Transport.commits_with`)."""
+    return DatabaseQueue(db, shares_database=db is fence_db, lease=lease, worker_id=worker_id)

@@ -17,8 +17,6 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...app import App
-from ...db import Database
-from ...errors import NotFound
 from ...review import deadletters as service
 from ...review import discards, jobctl, jobfind
 from ...review.validation import MAX_REASON
@@ -132,17 +130,6 @@ class Discarded(BaseModel):
     ids: list[int]
 
 
-def queue_db(jf: App) -> Database:
-    """The database holding the queue (jobs and pauses live there)."""
-    found = jf.transport.queue_db
-    if found is None:
-        raise NotFound(
-            "this server's transport keeps its jobs in a broker, not in the database: "
-            "see docs/job-control.md for what each broker can show"
-        )
-    return found
-
-
 def _letters(flt: models.LetterFilter) -> service.Filter:
     ids = tuple(flt.ids) if flt.ids is not None else None
     return service.Filter(**flt.model_dump(exclude={"ids"}), ids=ids)
@@ -172,7 +159,9 @@ async def list_jobs(
         since=since,
         until=until,
     )
-    found = await jobctl.list_jobs(queue_db(jf), flt, actor=actor_of(who), limit=limit, after=after)
+    found = await jobctl.list_jobs(
+        jf.transport.job_control(), flt, actor=actor_of(who), limit=limit, after=after
+    )
     return {"items": [JobSummary.of(j) for j in found.items], "next_cursor": found.next_cursor}
 
 
@@ -194,7 +183,7 @@ async def find_job(
         actor=actor_of(who),
         queue=queue,
         consumers={q: c.name for q, c in jf.consumers.items()},
-        queue_db=queue_db(jf),
+        jobs_db=jf.transport.job_control(),
     )
     return await show_job(job, who, jf)
 
@@ -202,7 +191,7 @@ async def find_job(
 @router.get("/v1/jobs/{job}", response_model=JobDetail, responses=MISSING, tags=["jobs"])
 async def show_job(job: int = JOB, who: Principal = VIEWER, jf: App = APP) -> Any:
     """One job: payload (UTF-8 text, or base64) and every failed attempt with its traceback."""
-    view = await jobctl.show_job(queue_db(jf), job, actor=actor_of(who))
+    view = await jobctl.show_job(jf.transport.job_control(), job, actor=actor_of(who))
     shown = view.to_json()["payload"]
     return JobDetail(
         **JobSummary.of(view.job).model_dump(),
@@ -233,7 +222,7 @@ async def cancel_job(
         actor=actor_of(who),
         reason=body.reason,
         consumers={q: c.name for q, c in jf.consumers.items()},
-        queue_db=queue_db(jf),
+        jobs_db=jf.transport.job_control(),
     )
     return Cancelled(job=JobSummary.of(done.job), dead_letter_id=done.dead_letter_id)
 
@@ -254,7 +243,7 @@ async def retry_now(
         job,
         actor=actor_of(who),
         reason=body.reason if body else None,
-        queue_db=queue_db(jf),
+        jobs_db=jf.transport.job_control(),
     )
     return JobSummary.of(done)
 
@@ -263,9 +252,9 @@ async def retry_now(
 async def list_queues(who: Principal = VIEWER, jf: App = APP) -> Any:
     """Every queue with jobs, dead letters pending review, a pause or a consumer: counts
     within the token's scope, pauses, and whether the app serves it."""
-    actor, qdb = actor_of(who), queue_db(jf)
+    actor, qdb = actor_of(who), jf.transport.job_control()
     known = set(jf.consumers) or None
-    found = await jobctl.list_queues(jf.db, actor=actor, served=known, queue_db=qdb)
+    found = await jobctl.list_queues(jf.db, actor=actor, served=known, jobs_db=qdb)
     return {"queues": [q.to_json() for q in found], "unserved_jobs": jobctl.unserved_among(found)}
 
 
@@ -291,7 +280,7 @@ async def pause_or_resume(
         queue,
         actor=actor_of(who),
         reason=body.reason if body else None,
-        queue_db=queue_db(jf),
+        jobs_db=jf.transport.job_control(),
     )
     return info.to_json()
 

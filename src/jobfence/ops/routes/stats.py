@@ -60,7 +60,7 @@ async def metrics(who: Principal = VIEWER, jf: App = APP) -> Response:
             "them) and cannot be filtered by partner: scrape with an unscoped token; "
             "this token's numbers are at GET /v1/stats",
         )
-    await counts.refresh_gauges(jf.db, jf.transport.queue_db)
+    await counts.refresh_gauges(jf.db, jf.transport.jobs_db)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -71,7 +71,7 @@ async def stats(who: Principal = VIEWER, jf: App = APP) -> Any:
     found = await counts.stats(
         jf.db,
         actor=actor_of(who),
-        queue_db=jf.transport.queue_db,
+        jobs_db=jf.transport.jobs_db,
         served=jf.consumed_queues,
     )
     return {"letters": found.letters, "queue_depth": found.queue_depth, "queues": found.queues}

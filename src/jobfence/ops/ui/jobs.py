@@ -12,7 +12,6 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 
 from ...app import App
-from ...db import Database
 from ...errors import InvalidRequest
 from ...review import discards, jobctl
 from ..deps import MAX_ID, jobfence_app
@@ -27,18 +26,6 @@ JOB: Any = Path(ge=1, le=MAX_ID)
 QUEUE: Any = Path(min_length=1, max_length=200)
 PAGE = 50
 FILTERS = ("queue", "state", "job_id", "correlation_id", "error", "since", "until")
-
-
-def queue_db(jf: App) -> Database:
-    """The database holding the queue (jobs and pauses live there)."""
-    found = jf.transport.queue_db
-    if found is None:
-        raise Refused(
-            404,
-            "this server's transport keeps its jobs in a broker, not in the database: "
-            "see docs/ops-console.md for what each broker can show",
-        )
-    return found
 
 
 def served(jf: App) -> set[str] | None:
@@ -66,7 +53,7 @@ async def list_jobs(request: Request, user: User = SIGNED_IN) -> Response:
             until=form_time("until", kept["until"]),
         )
         found = await jobctl.list_jobs(
-            queue_db(jf),
+            jf.transport.job_control(),
             flt,
             actor=actor_of(user.principal),
             limit=PAGE,
@@ -100,7 +87,7 @@ async def _job_page(
 ) -> Response:
     """One job's page; with ``error`` (a refused action), 422 with the message above it."""
     jf = jobfence_app(request)
-    view = await jobctl.show_job(queue_db(jf), job, actor=actor_of(user.principal))
+    view = await jobctl.show_job(jf.transport.job_control(), job, actor=actor_of(user.principal))
     return page(
         request,
         "job.html",
@@ -125,7 +112,7 @@ async def cancel_job(request: Request, job: int = JOB, user: User = OPERATOR) ->
             actor=actor_of(user.principal),
             reason=form.get("reason", ""),
             consumers={q: c.name for q, c in jf.consumers.items()},
-            queue_db=queue_db(jf),
+            jobs_db=jf.transport.job_control(),
         )
     except InvalidRequest as exc:  # the job's page again, with why
         return await _job_page(request, job, user, error=str(exc))
@@ -147,7 +134,7 @@ async def retry_now(request: Request, job: int = JOB, user: User = OPERATOR) -> 
         job,
         actor=actor_of(user.principal),
         reason=form.get("reason") or None,
-        queue_db=queue_db(jf),
+        jobs_db=jf.transport.job_control(),
     )
     await flash(request, user, "ok", f"Job {job} is due now")
     return redirect(f"/ui/jobs/{job}")
@@ -160,9 +147,9 @@ async def retry_now(request: Request, job: int = JOB, user: User = OPERATOR) -> 
 async def queues(request: Request, user: User = SIGNED_IN) -> Response:
     jf = jobfence_app(request)
     actor = actor_of(user.principal)
-    qdb = queue_db(jf)
+    qdb = jf.transport.job_control()
     known = served(jf)
-    found = await jobctl.list_queues(jf.db, actor=actor, served=known, queue_db=qdb)
+    found = await jobctl.list_queues(jf.db, actor=actor, served=known, jobs_db=qdb)
     unserved = jobctl.unserved_among(found)  # the jobs are counted once
     return page(request, "queues.html", user, queues=found, unserved=unserved)
 
@@ -181,7 +168,7 @@ async def pause_or_resume(
         queue,
         actor=actor_of(user.principal),
         reason=form.get("reason") or None,
-        queue_db=queue_db(jf),
+        jobs_db=jf.transport.job_control(),
     )
     await flash(request, user, "ok", f"Queue {queue} {action}d")
     return redirect("/ui/queues")

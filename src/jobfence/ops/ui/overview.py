@@ -64,7 +64,7 @@ async def overview_panel(request: Request, user: User = SIGNED_IN) -> Response:
 async def overview_data(request: Request, user: User) -> dict[str, Any]:
     jf = jobfence_app(request)
     actor = actor_of(user.principal)
-    qdb = jf.transport.queue_db
+    qdb = jf.transport.jobs_db
     found = await counts.stats(jf.db, actor=actor, jobs=False)  # jobs: list_queues
     letters: dict[str, dict[str, int]] = defaultdict(dict)
     for row in found.letters:
@@ -72,7 +72,7 @@ async def overview_data(request: Request, user: User) -> dict[str, Any]:
             letters[row["queue"]][row["category"]] = row["letters"]
     known = served(jf)
     infos = (
-        await jobctl.list_queues(jf.db, actor=actor, served=known, queue_db=qdb)
+        await jobctl.list_queues(jf.db, actor=actor, served=known, jobs_db=qdb)
         if qdb is not None
         else [jobctl.QueueInfo(queue=q) for q in sorted(letters)]
     )
