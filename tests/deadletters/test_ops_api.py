@@ -377,6 +377,7 @@ async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:
         "/v1/discards",
         "/v1/discards/run",
         "/v1/jobs",
+        "/v1/jobs/by-job-id/{job_id}",
         "/v1/jobs/{job}",
         "/v1/jobs/{job}/cancel",
         "/v1/jobs/{job}/retry-now",
