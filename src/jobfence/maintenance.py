@@ -14,6 +14,7 @@ from .alerts import AlertDispatcher, AlertSink, sinks_from_env
 from .cleanup import DEFAULT_BATCH, DEFAULT_INTERVAL, cleanup_loop
 from .db import Database
 from .errors import ConfigurationError
+from .partitions import days_loop
 from .stats import refresh_gauges
 
 log = logging.getLogger("jobfence.maintenance")
@@ -62,12 +63,23 @@ async def _gauges_loop(db: Database, queue_db: Database | None, interval: timede
 
 
 async def housekeeping(
-    settings: Maintenance, db: Database, *, queue_db: Database | None, min_age: timedelta
+    settings: Maintenance,
+    db: Database,
+    *,
+    queue_db: Database | None,
+    min_age: timedelta,
+    fence_ttl: timedelta,
 ) -> None:
-    """A worker's background duties, until cancelled: fence cleanup (never of a fence younger
-    than ``min_age``), alert delivery and the database gauges (``queue_db``: the database
-    queue's, when it is not ``db``), as ``settings`` say. Never raises."""
+    """A worker's background duties, until cancelled: on PostgreSQL the fence partitions of
+    the days ahead (``fence_ttl`` says which), fence cleanup (never of a fence younger than
+    ``min_age``), alert delivery and the database gauges (``queue_db``: the database queue's,
+    when it is not ``db``), as ``settings`` say. Never raises."""
     async with asyncio.TaskGroup() as group:
+        if db.dialect == "postgresql":
+            group.create_task(
+                days_loop(db, ttl=fence_ttl, interval=settings.cleanup_interval),
+                name="jobfence-fence-days",
+            )
         if settings.cleanup:
             group.create_task(
                 cleanup_loop(

@@ -472,6 +472,7 @@ class Worker:
                     self.app.db,
                     queue_db=self.app.queue_db,
                     min_age=self.app.redelivery_exposure(),
+                    fence_ttl=self.app.fence_ttl,
                 ),
                 name="jobfence-housekeeping",
             )
