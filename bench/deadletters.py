@@ -32,11 +32,12 @@ from growth_tables import seed_fences
 from rich.console import Console
 from rich.table import Table
 
-from jobfence import App, Job, Observer, Tx, replays
-from jobfence import deadletters as dl
-from jobfence.cleanup import cleanup_fences
-from jobfence.fence import DEFAULT_FENCE_TTL, claim_tx
-from jobfence.maintenance import Maintenance
+from jobfence import App, Job, Observer, Tx
+from jobfence.core.fence import DEFAULT_FENCE_TTL, claim_tx
+from jobfence.review import deadletters as dl
+from jobfence.review import replays
+from jobfence.runtime.cleanup import cleanup_fences
+from jobfence.runtime.maintenance import Maintenance
 from jobfence.store import Store
 
 ADMIN = os.environ.get("JOBFENCE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -40,9 +40,9 @@ from rich.table import Table
 
 from jobfence.config import parse_database_url
 from jobfence.db import Database, connect
-from jobfence.health import Health
 from jobfence.metrics import HANDLER_SECONDS, HEARTBEAT, PROCESSED, READY, WORKER_INFLIGHT
-from jobfence.stats import refresh_gauges
+from jobfence.review.stats import refresh_gauges
+from jobfence.runtime.health import Health
 from jobfence.store import Store
 
 ADMIN = os.environ.get("JOBFENCE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

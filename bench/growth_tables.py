@@ -10,15 +10,15 @@ interleaved rounds (so the machine's drift hits both alike) and prints one JSON 
     python bench/growth_tables.py fences  SMALL_URL BIG_URL --big 10000000
 
 ``letters``: the first page (50, the default) of the service functions behind
-``jobfence dead-letters list`` (:func:`jobfence.deadletters.letters`) and the ops API's search
-(:func:`jobfence.deadletters.search`) with each filter they offer, and ``GET /v1/dead-letters``
-of the ops API served by uvicorn on 127.0.0.1 (a socket from
+``jobfence dead-letters list`` (:func:`jobfence.review.deadletters.letters`) and the ops API's
+search (:func:`jobfence.review.deadletters.search`) with each filter they offer, and
+``GET /v1/dead-letters`` of the ops API served by uvicorn on 127.0.0.1 (a socket from
 :func:`jobfence.http.tcp_listen_socket`); p50/p99 per round; each first page is checked
 against an independent query (ids, order, count), and the big database's plan of each
 search is read with EXPLAIN ANALYZE (seq scans, sorts, rows read). ``fences``: the harness's
-fence insert (:func:`jobfence.fence.claim_tx`, one short transaction each, 4 writers) on an
+fence insert (:func:`jobfence.core.fence.claim_tx`, one short transaction each, 4 writers) on an
 empty table and on the big one, the durable drain rate of an in-process worker on each, then
-:func:`jobfence.cleanup.cleanup_fences` of the expired 90 % of a small and of the big table
+:func:`jobfence.runtime.cleanup.cleanup_fences` of the expired 90 % of a small and of the big table
 (rows/s, longest batch).
 
 The seeding (:func:`seed_fences`, :func:`seed_letters`: one INSERT … SELECT generate_series
@@ -412,10 +412,10 @@ async def letters_child(a: argparse.Namespace) -> dict[str, Any]:
     import uvicorn
 
     from jobfence import App
-    from jobfence import deadletters as dl
     from jobfence.http import tcp_listen_socket
     from jobfence.ops.app import create_app
     from jobfence.ops.auth import create_token
+    from jobfence.review import deadletters as dl
 
     seed_s: dict[str, float] = {}
     apps: dict[str, App] = {}
@@ -537,8 +537,8 @@ async def letters_child(a: argparse.Namespace) -> dict[str, Any]:
 async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
     from deadletters import Phase, fencer
     from jobfence import App, Job, Observer, Tx
-    from jobfence.cleanup import cleanup_fences
-    from jobfence.maintenance import Maintenance
+    from jobfence.runtime.cleanup import cleanup_fences
+    from jobfence.runtime.maintenance import Maintenance
 
     class Count(Observer):
         def __init__(self) -> None:

@@ -36,7 +36,7 @@ from rich.table import Table
 from jobfence import App, outbox
 from jobfence.config import parse_database_url
 from jobfence.db import connect
-from jobfence.relay import Relay, RelayObserver
+from jobfence.outbox.relay import Relay, RelayObserver
 from jobfence.store import Store
 
 ADMIN = os.environ.get("JOBFENCE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -27,9 +27,9 @@ from typing import Any
 
 import psycopg
 
-import jobfence.worker as worker_module
+import jobfence.runtime.worker as worker_module
 from jobfence import App, Job, SyncTx
-from jobfence.threads import DaemonThreadPool
+from jobfence.runtime.threads import DaemonThreadPool
 
 PG = os.environ.get("JOBFENCE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 POOLS: dict[str, Any] = {

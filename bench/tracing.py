@@ -147,7 +147,7 @@ def micro(n: int = 20_000) -> float:
     (absent: the harness's one ``is None`` test). Isolates tracing from the noise of a
     shared machine's database round trips."""
     from jobfence import tracing as jobfence_tracing
-    from jobfence.jobs import Delivery
+    from jobfence.core.jobs import Delivery
     from jobfence.store import OutgoingJob
 
     traces = jobfence_tracing.get()

@@ -9,9 +9,10 @@ from datetime import datetime, timedelta
 import pydantic
 import pytest
 
-from jobfence import App, Job, RetryPolicy, TemporaryError, Tx, deadletters
-from jobfence.harness import Outcome
-from jobfence.letters import get_letter
+from jobfence import App, Job, RetryPolicy, TemporaryError, Tx
+from jobfence.review import deadletters
+from jobfence.review.letters import get_letter
+from jobfence.runtime.harness import Outcome
 
 from .helpers import RunningWorker, credit, eventually, query, scalar, table
 

@@ -12,7 +12,7 @@ import pytest
 
 from jobfence.cli import main_group
 from jobfence.cli._common import Duration, parse_duration
-from jobfence.deadletters import MAX_PAGE
+from jobfence.review.deadletters import MAX_PAGE
 
 from .test_cli import jf, one_line_error
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from jobfence import App, Job, Tx, harness
+from jobfence import App, Job, Tx
 from jobfence.config import DEFAULT_BATCH_SIZE
-from jobfence.harness import Outcome
+from jobfence.runtime import harness
+from jobfence.runtime.harness import Outcome
 
 from .helpers import (
     RunningWorker,

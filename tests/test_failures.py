@@ -20,9 +20,9 @@ from jobfence import (
     Retry,
     RetryPolicy,
     Tx,
-    deadletters,
 )
-from jobfence.jobs import Delivery
+from jobfence.core.jobs import Delivery
+from jobfence.review import deadletters
 
 from .helpers import RunningWorker, credit, eventually, query
 

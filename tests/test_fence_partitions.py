@@ -18,10 +18,10 @@ import pytest
 
 from jobfence import App, Job, Tx
 from jobfence.config import parse_database_url
+from jobfence.core.fence import claim_tx
 from jobfence.db import Database, connect
-from jobfence.fence import claim_tx
-from jobfence.maintenance import Maintenance
-from jobfence.partitions import add_days, days_for
+from jobfence.runtime.maintenance import Maintenance
+from jobfence.runtime.partitions import add_days, days_for
 
 from .helpers import RunningWorker, credit, eventually, query, scalar
 

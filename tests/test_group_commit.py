@@ -9,8 +9,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from jobfence import App, Job, NonRetryableError, RetryPolicy, TemporaryError, Tx, deadletters
-from jobfence.harness import Outcome
+from jobfence import App, Job, NonRetryableError, RetryPolicy, TemporaryError, Tx
+from jobfence.review import deadletters
+from jobfence.runtime.harness import Outcome
 
 from .helpers import (
     RunningWorker,

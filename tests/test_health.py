@@ -1,4 +1,4 @@
-"""The worker's and the relay's /livez and /readyz (jobfence.health), on real subprocesses:
+"""The worker's and the relay's /livez and /readyz (jobfence.runtime.health), on real subprocesses:
 readiness follows the database (reached through a TCP proxy the test cuts and restores) and
 SIGTERM's draining; liveness catches an event loop that a handler blocks."""
 

@@ -4,6 +4,7 @@ cannot express."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -39,6 +40,12 @@ POSTGRESQL_ONLY = {
     "fence_partition_drop": "fences partitioned by day of expiry",
 }
 SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
+#: the flat modules that moved into core/, runtime/, review/ and outbox/ (issue 24)
+MOVED = (
+    "jobs", "retry", "codec", "fence", "leases", "worker", "harness", "group_commit",
+    "maintenance", "cleanup", "health", "threads", "hosted", "letters", "deadletters",
+    "replays", "discards", "jobctl", "stats", "relay",
+)  # fmt: skip
 
 
 def library_modules() -> list[Path]:
@@ -53,6 +60,11 @@ def test_no_module_passes_600_lines() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_moved_modules_left_no_shim_behind() -> None:
+    """A module has one home: the old flat names of the moved modules do not import."""
+    assert [m for m in MOVED if importlib.util.find_spec(f"jobfence.{m}") is not None] == []
 
 
 def _source_text() -> str:

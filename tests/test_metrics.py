@@ -14,14 +14,14 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 import jobfence.alerts.dispatcher
-import jobfence.cleanup
-import jobfence.health
-import jobfence.relay
+import jobfence.outbox.relay
+import jobfence.runtime.cleanup
+import jobfence.runtime.health
 from jobfence import App, outbox
-from jobfence.cleanup import cleanup_loop
-from jobfence.deadletters import Actor
-from jobfence.jobctl import pause_queue
-from jobfence.stats import GaugesFailed, refresh_gauges
+from jobfence.review.deadletters import Actor
+from jobfence.review.jobctl import pause_queue
+from jobfence.review.stats import GaugesFailed, refresh_gauges
+from jobfence.runtime.cleanup import cleanup_loop
 
 from .helpers import eventually
 
@@ -95,7 +95,7 @@ def documented() -> dict[str, str]:
 
 def test_docs_metrics_lists_every_series_of_the_registry() -> None:
     # the modules that define series are imported above, so the registry holds them all
-    assert jobfence.relay.PUBLISHED_EVENTS
+    assert jobfence.outbox.relay.PUBLISHED_EVENTS
     registry, doc = exposed(), documented()
     missing = sorted(set(registry) - set(doc))
     stale = sorted(set(doc) - set(registry))

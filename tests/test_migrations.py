@@ -162,9 +162,9 @@ async def test_the_fence_table_becomes_partitioned_with_its_fences(empty_pg_data
     (the old table becomes one partition up to the midnight after its last expiry), they
     still fence their keys, new days come after it, and cleanup drops it whole once its last
     fence expired — but for a fence of a letter pending review, moved out first."""
-    from jobfence.cleanup import cleanup_fences
-    from jobfence.fence import claim_tx
-    from jobfence.partitions import add_days
+    from jobfence.core.fence import claim_tx
+    from jobfence.runtime.cleanup import cleanup_fences
+    from jobfence.runtime.partitions import add_days
 
     url = empty_pg_database
     db = await _open(url)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pydantic
 
-from jobfence import App, Job, Tx, deadletters
-from jobfence.letters import DEFAULT_PAYLOAD_LIMIT, get_letter
+from jobfence import App, Job, Tx
+from jobfence.review import deadletters
+from jobfence.review.letters import DEFAULT_PAYLOAD_LIMIT, get_letter
 
 from .helpers import RunningWorker, credit, eventually, query
 
@@ -92,9 +93,9 @@ async def test_payload_over_the_limit_is_kept_truncated_and_says_so(database_url
 
 async def test_same_delivery_dead_lettered_twice_keeps_one_letter(database_url: str) -> None:
     """Writing a dead letter is idempotent: a second write for the same pending job is absorbed."""
+    from jobfence.core.jobs import Delivery
     from jobfence.errors import Category
-    from jobfence.jobs import Delivery
-    from jobfence.letters import write as write_letter
+    from jobfence.review.letters import write as write_letter
 
     app = App(database_url, auto_migrate=True)
     async with app:

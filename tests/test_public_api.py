@@ -42,6 +42,60 @@ def test_every_name_in_all_is_importable() -> None:
     assert [name for name in jobfence.__all__ if name not in namespace] == []
 
 
+#: the public API, pinned: moving a module inside the package (issue 24) or any other change
+#: that adds, drops or renames an export fails here first, and says which name
+PUBLIC_API = [
+    "DEFAULT_POLICY",
+    "Actor",
+    "App",
+    "AttemptRecord",
+    "AuthenticationError",
+    "AuthorizationError",
+    "BusinessError",
+    "Category",
+    "ConfigurationError",
+    "Database",
+    "DatabaseUnavailable",
+    "DeadLetter",
+    "Delivery",
+    "EnqueueError",
+    "HandlerError",
+    "IntegrationError",
+    "InvalidRequest",
+    "Job",
+    "JobfenceError",
+    "NonRetryableError",
+    "NotFound",
+    "Observer",
+    "OutboxEvent",
+    "OutgoingJob",
+    "PoisonPayload",
+    "Relay",
+    "Retry",
+    "RetryPolicy",
+    "ReviewConflict",
+    "SchemaError",
+    "SyncTx",
+    "TechnicalError",
+    "TemporaryError",
+    "TokenError",
+    "TransactionBoundaryError",
+    "Transport",
+    "Tx",
+    "UniqueViolation",
+    "ValidationError",
+    "Worker",
+    "__version__",
+    "classify",
+    "discard_dead_letter",
+    "list_dead_letters",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert jobfence.__all__ == PUBLIC_API
+
+
 # -- the examples use the public API only (docs/architecture.md) ---------------------------
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "jobfence_examples"

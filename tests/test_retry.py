@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from jobfence import Category, ConfigurationError, RetryPolicy
-from jobfence.retry import DEFAULT_POLICY
+from jobfence.core.retry import DEFAULT_POLICY
 
 
 def test_default_policy_is_five_retries_base_30s_cap_1h() -> None:

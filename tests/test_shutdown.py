@@ -275,7 +275,7 @@ async def test_a_second_signal_stops_a_relay_stuck_in_its_round(pg_database: str
     assert any(e.startswith("second signal: stopping the relay now") for e in said), said
     assert await query(pg_database, "SELECT state FROM core.outbox") == [("PENDING",)]
     async with App(pg_database) as app:
-        from jobfence.relay import Relay
+        from jobfence.outbox.relay import Relay
 
         assert await Relay(app).run_once() == 1
     assert await query(pg_database, "SELECT job_id FROM core.jobs") == [("evt-stuck",)]
@@ -307,10 +307,10 @@ def spawn_relay(url: str) -> subprocess.Popen[str]:
 
 
 def test_the_handler_threads_are_daemons_and_bounded() -> None:
-    """jobfence.threads: results and errors come back; at most ``max_workers`` threads, all
+    """jobfence.runtime.threads: results and errors come back; at most ``max_workers`` threads, all
     daemons; ``shutdown(wait=False)`` does not wait for a blocked thread, and
     ``cancel_futures`` cancels what never started."""
-    from jobfence.threads import DaemonThreadPool
+    from jobfence.runtime.threads import DaemonThreadPool
 
     pool = DaemonThreadPool(2)
     assert pool.submit(lambda a, b: a + b, 2, b=3).result(timeout=5) == 5

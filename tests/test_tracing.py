@@ -25,11 +25,11 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler, Sam
 from opentelemetry.trace import SpanKind
 
 from jobfence import App, Job, TemporaryError, Tx, ValidationError, list_dead_letters
-from jobfence.deadletters import Actor, replay
+from jobfence.core.jobs import trace_context_of, trace_headers
 from jobfence.http import IdempotencyMiddleware
-from jobfence.jobs import trace_context_of, trace_headers
 from jobfence.outbox import write as outbox_write
-from jobfence.relay import Relay
+from jobfence.outbox.relay import Relay
+from jobfence.review.deadletters import Actor, replay
 from jobfence.tracing import TraceIds
 from jobfence_examples.points import DEMO_POLICY, Credit
 from tests.contract.support import Target, cleanup, make_target

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from jobfence import App, Job, RetryPolicy, Tx
-from jobfence.harness import Outcome
+from jobfence.runtime.harness import Outcome
 
 from .helpers import RunningWorker, eventually, ph, query, scalar, table
 

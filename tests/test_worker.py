@@ -24,10 +24,10 @@ from jobfence import (
     RetryPolicy,
     TemporaryError,
     Tx,
-    deadletters,
 )
-from jobfence.jobs import Delivery
-from jobfence.letters import get_letter
+from jobfence.core.jobs import Delivery
+from jobfence.review import deadletters
+from jobfence.review.letters import get_letter
 
 from .conftest import create_pg_database, drop_pg_database, pg_url
 from .contract.support import wait_started

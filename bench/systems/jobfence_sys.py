@@ -238,8 +238,8 @@ async def deadletters(url: str, n: int) -> None:
     """Bulk replay of ``n`` pending dead letters with the service functions the CLI and the
     ops API use (preview, then run), timed from confirming to done; verifies that ``n`` jobs
     were republished and every letter is marked replayed."""
-    from jobfence import deadletters as dl
-    from jobfence import replays
+    from jobfence.review import deadletters as dl
+    from jobfence.review import replays
 
     app = make_app(url)
     async with app:
@@ -276,7 +276,7 @@ async def outbox_relay(url: str, n: int, batch: int | None) -> None:
     database queue; timed from the relay's start to the last event marked published;
     verifies ``n`` jobs in the queue."""
     from jobfence import outbox
-    from jobfence.relay import Relay
+    from jobfence.outbox.relay import Relay
 
     app = make_app(url)
     async with app:

@@ -6,10 +6,9 @@ letters that people can read, replay and discard.
 """
 
 from .app import App
+from .core.jobs import AttemptRecord, Delivery, Job
+from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx
-from .deadletters import Actor
-from .deadletters import discard as discard_dead_letter
-from .deadletters import letters as list_dead_letters
 from .errors import (
     AuthenticationError,
     AuthorizationError,
@@ -36,15 +35,16 @@ from .errors import (
     ValidationError,
     classify,
 )
-from .jobs import AttemptRecord, Delivery, Job
-from .letters import DeadLetter
 from .observers import Observer
 from .outbox import OutboxEvent
-from .relay import Relay
-from .retry import DEFAULT_POLICY, RetryPolicy
+from .outbox.relay import Relay
+from .review.deadletters import Actor
+from .review.deadletters import discard as discard_dead_letter
+from .review.deadletters import letters as list_dead_letters
+from .review.letters import DeadLetter
+from .runtime.worker import Worker
 from .store import OutgoingJob
 from .transports import Transport
-from .worker import Worker
 
 __version__ = "0.1.0.dev0"
 

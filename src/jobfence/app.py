@@ -11,8 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import fence, tracing
-from .codec import Decoder, Schema, encode
+from . import tracing
 from .config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_BATCH_WINDOW,
@@ -21,20 +20,23 @@ from .config import (
     parse_database_url,
     same_database,
 )
+from .core import fence
+from .core.codec import Decoder, Schema, encode
+from .core.fence import DEFAULT_FENCE_TTL
+from .core.jobs import check_job_id, check_queue, check_utf8
+from .core.leases import default_holder
+from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
 from .db.adopt import adopt_async, connect_sync
 from .errors import ConfigurationError, EnqueueError, extra_needed
-from .fence import DEFAULT_FENCE_TTL
-from .harness import Consumer, Handler
-from .hosted import wants_session
-from .jobs import check_job_id, check_queue, check_utf8
-from .leases import default_holder
-from .letters import DEFAULT_PAYLOAD_LIMIT
 from .logs import LogObserver
-from .maintenance import Maintenance
 from .metrics import MetricsObserver
 from .observers import Observer, Observers
-from .retry import DEFAULT_POLICY, RetryPolicy
+from .review.letters import DEFAULT_PAYLOAD_LIMIT
+from .runtime.harness import Consumer, Handler
+from .runtime.hosted import wants_session
+from .runtime.maintenance import Maintenance
+from .runtime.worker import Worker
 from .store import OutgoingJob, Store
 from .transports import Transport, broker_from_url, check_payload_sizes, is_broker_url
 from .transports.database import (
@@ -42,7 +44,6 @@ from .transports.database import (
     database_max_payload,
     database_max_payload_reason,
 )
-from .worker import Worker
 
 H = TypeVar("H", bound=Handler)
 
@@ -71,7 +72,7 @@ class App:
     (default ``$JOBFENCE_SCHEMA``, else ``core``). ``transport`` is another queue (a URL or a
     :class:`~jobfence.transports.Transport`); by default the queue is a table next to the
     fence, and acks commit with the work. ``maintenance`` sets what workers do in the
-    background: fence cleanup, alert delivery (:class:`~jobfence.maintenance.Maintenance`).
+    background: fence cleanup, alert delivery (:class:`~jobfence.runtime.maintenance.Maintenance`).
 
     ``engine``: a SQLAlchemy ``AsyncEngine`` or ``Engine`` (``pip install
     'jobfence[sqlalchemy]'``): each job's transaction runs on it, and a handler gets an ORM
@@ -271,7 +272,7 @@ class App:
 
     def redelivery_exposure(self) -> timedelta:
         """The longest time a delivery of one of this app's jobs can still arrive (the
-        longest retry window plus a lease per attempt, see :func:`jobfence.fence.exposure`):
+        longest retry window plus a lease per attempt, see :func:`jobfence.core.fence.exposure`):
         the youngest a fence may be when cleanup deletes it."""
         policies = [c.policy for c in self.consumers.values()] or [DEFAULT_POLICY]
         return fence.longest_exposure(policies, self.lease)
@@ -547,7 +548,7 @@ class App:
         batch_window: float = DEFAULT_BATCH_WINDOW,
         summary_interval: float = 60.0,
     ) -> Worker:
-        """A :class:`~jobfence.worker.Worker` for this app (``await worker.run()``)."""
+        """A :class:`~jobfence.runtime.worker.Worker` for this app (``await worker.run()``)."""
         return Worker(
             self,
             queues=queues,

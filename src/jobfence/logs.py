@@ -15,8 +15,8 @@ from typing import Any
 
 import structlog
 
+from .core.jobs import Delivery, Job
 from .errors import Category, RetryMode
-from .jobs import Delivery, Job
 from .observers import Observer
 from .tracing import AVAILABLE as TRACING_AVAILABLE
 from .tracing import TraceIds

@@ -1,5 +1,5 @@
 """Prometheus metrics (SPEC K1), fed by an :class:`~jobfence.observers.Observer`, the
-background duties and :mod:`jobfence.health`. docs/metrics.md lists every series (a test
+background duties and :mod:`jobfence.runtime.health`. docs/metrics.md lists every series (a test
 checks that it and this registry agree).
 
 The metric objects live in prometheus-client's default registry, once per process, so every
@@ -13,8 +13,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from .core.jobs import Delivery, Job
 from .errors import Category
-from .jobs import Delivery, Job
 from .observers import Observer
 
 PROCESSED = Counter("jobfence_jobs_processed", "Jobs whose work committed.", ["queue", "consumer"])
@@ -42,7 +42,7 @@ HANDLER_SECONDS = Histogram(
 )
 
 # Gauges read from the database (refreshed by workers' maintenance and by the ops API's
-# /metrics; see jobfence.stats.refresh_gauges).
+# /metrics; see jobfence.review.stats.refresh_gauges).
 PENDING_REVIEW = Gauge(
     "jobfence_dead_letters_pending_review",
     "Dead letters waiting for a person to replay or discard them.",
@@ -105,7 +105,7 @@ ALERT_FAILURES = Counter(
     ["sink"],
 )
 
-# The processes themselves (jobfence.health)
+# The processes themselves (jobfence.runtime.health)
 HEARTBEAT = Gauge(
     "jobfence_heartbeat_timestamp_seconds",
     "Unix time of the last tick of the process's event loop (every second while it runs).",
@@ -171,5 +171,5 @@ class MetricsObserver(Observer):
 
 def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
     """Expose ``/metrics`` on ``host:port`` in a background thread (without the health
-    endpoints; a worker's and a relay's server is :func:`jobfence.health.serve`)."""
+    endpoints; a worker's and a relay's server is :func:`jobfence.runtime.health.serve`)."""
     start_http_server(port, addr=host)

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from .core.jobs import Delivery, Job
 from .errors import Category
-from .jobs import Delivery, Job
 
 log = logging.getLogger("jobfence.observers")
 
@@ -35,7 +35,7 @@ class Observer:
 
         An override that also takes the keyword argument ``trace: str | None = None`` gets
         the attempt's traceback when the failure was unexpected (not an error the handler
-        raised on purpose; see :attr:`jobfence.harness.Failure.expected`), else None. The
+        raised on purpose; see :attr:`jobfence.runtime.harness.Failure.expected`), else None. The
         same holds for :meth:`job_dead`."""
 
     def job_dead(

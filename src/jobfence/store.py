@@ -1,8 +1,8 @@
 """The store: schema migrations (apply, check the version) and enqueue into the database
 queue (one job, a batch — COPY on PostgreSQL — or in the caller's transaction).
 
-The fence is :mod:`jobfence.fence`, dead letters :mod:`jobfence.letters`; every module runs
-its own aggregate's named queries (``sql/<dialect>/queries*.sql``).
+The fence is :mod:`jobfence.core.fence`, dead letters :mod:`jobfence.review.letters`; every
+module runs its own aggregate's named queries (``sql/<dialect>/queries*.sql``).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .core.jobs import partner_of
 from .db import Database, Tx
 from .db.adopt import SyncConnection
 from .errors import SchemaError
-from .jobs import partner_of
 from .sql import DEFAULT_SCHEMA, Dialect, migrations
 
 #: from this many jobs on, a bulk enqueue on PostgreSQL uses COPY instead of batched INSERTs
@@ -30,7 +30,7 @@ class OutgoingJob:
     payload: bytes
     correlation_id: str | None = None
     delay: float = 0.0  # seconds
-    #: the W3C trace context it travels with (:func:`jobfence.jobs.trace_context_of`)
+    #: the W3C trace context it travels with (:func:`jobfence.core.jobs.trace_context_of`)
     trace_context: str | None = None
 
     def params(self) -> dict[str, Any]:

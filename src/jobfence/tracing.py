@@ -10,7 +10,7 @@ and no SDK the spans are the API's no-op spans (an incoming trace context is sti
 What travels with a job is its W3C trace context (``traceparent`` and ``tracestate``), always
 in W3C form whatever global propagator the application set: a column of the queue, outbox
 and dead-letter tables, message headers or attributes on a broker
-(:func:`jobfence.jobs.trace_context_of` is the stored form).
+(:func:`jobfence.core.jobs.trace_context_of` is the stored form).
 
 Spans (names follow the messaging conventions, ``{operation} {destination}``):
 
@@ -37,8 +37,8 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .core.jobs import Delivery, Job, trace_context_of, trace_headers
 from .errors import Category
-from .jobs import Delivery, Job, trace_context_of, trace_headers
 from .observers import Observer
 
 if TYPE_CHECKING:

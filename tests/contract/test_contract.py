@@ -14,10 +14,11 @@ from typing import Any
 
 import pydantic
 
-from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx, deadletters
-from jobfence.harness import Outcome
-from jobfence.jobs import AttemptRecord
-from jobfence.letters import get_letter
+from jobfence import App, Job, Retry, RetryPolicy, TemporaryError, Tx
+from jobfence.core.jobs import AttemptRecord
+from jobfence.review import deadletters
+from jobfence.review.letters import get_letter
+from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, eventually, scalar, table
 from .support import (

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from jobfence import App, Job, RetryPolicy, Tx
-from jobfence.harness import Outcome
+from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, eventually, query, scalar, table
 from .support import Target, effects, remaining

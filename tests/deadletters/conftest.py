@@ -23,9 +23,9 @@ from starlette.routing import Route
 from jobfence import App
 from jobfence.config import parse_database_url
 from jobfence.db import Database, connect
-from jobfence.letters import partner_of
 from jobfence.ops.app import create_app
 from jobfence.ops.auth import create_token
+from jobfence.review.letters import partner_of
 
 
 @asynccontextmanager

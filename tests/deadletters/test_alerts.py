@@ -19,8 +19,8 @@ from jobfence.alerts import (
     redact,
     sinks_from_env,
 )
-from jobfence.harness import Outcome
-from jobfence.maintenance import Maintenance
+from jobfence.runtime.harness import Outcome
+from jobfence.runtime.maintenance import Maintenance
 
 from ..helpers import RunningWorker, eventually, query, table
 from .conftest import SinkStandIn, letter_params, opened, seed_letters, seed_many

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from jobfence import App, Job, ReviewConflict, Tx, replays
-from jobfence import deadletters as dl
-from jobfence.maintenance import Maintenance
+from jobfence import App, Job, ReviewConflict, Tx
+from jobfence.review import deadletters as dl
+from jobfence.review import replays
+from jobfence.runtime.maintenance import Maintenance
 from jobfence.transports.database import DatabaseQueue
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table

@@ -12,13 +12,13 @@ import pytest
 
 from jobfence import App, ConfigurationError, Job, RetryPolicy, TemporaryError, Tx
 from jobfence.app import DEFAULT_LEASE
-from jobfence.cleanup import LEASE_NAME, cleanup_fences
-from jobfence.fence import DEFAULT_FENCE_TTL
-from jobfence.fence import exposure as fence_exposure
-from jobfence.fence import ttl_problem as fence_ttl_problem
-from jobfence.leases import Lease
-from jobfence.maintenance import Maintenance
-from jobfence.retry import DEFAULT_POLICY
+from jobfence.core.fence import DEFAULT_FENCE_TTL
+from jobfence.core.fence import exposure as fence_exposure
+from jobfence.core.fence import ttl_problem as fence_ttl_problem
+from jobfence.core.leases import Lease
+from jobfence.core.retry import DEFAULT_POLICY
+from jobfence.runtime.cleanup import LEASE_NAME, cleanup_fences
+from jobfence.runtime.maintenance import Maintenance
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table
 from .conftest import letter_params, opened, seed_letters

@@ -16,11 +16,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobfence import App, Job, NonRetryableError, RetryPolicy, Tx, jobctl, outbox, replays
-from jobfence import deadletters as dl
+from jobfence import App, Job, NonRetryableError, RetryPolicy, Tx, outbox
 from jobfence.alerts import AlertDispatcher
-from jobfence.cleanup import cleanup_fences
-from jobfence.maintenance import Maintenance
+from jobfence.review import deadletters as dl
+from jobfence.review import jobctl, replays
+from jobfence.runtime.cleanup import cleanup_fences
+from jobfence.runtime.maintenance import Maintenance
 from jobfence.transports.database import DatabaseQueue
 
 from ..conftest import PG_ADMIN

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from jobfence.cleanup import cleanup_fences
-from jobfence.partitions import add_days, days_for
+from jobfence.runtime.cleanup import cleanup_fences
+from jobfence.runtime.partitions import add_days, days_for
 
 from ..helpers import query, scalar
 from .conftest import letter_params, opened, seed_letters

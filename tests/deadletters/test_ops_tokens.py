@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from jobfence.cli import main
-from jobfence.deadletters import Actor
 from jobfence.ops.auth import authenticate, create_token, revoke_token
+from jobfence.review.deadletters import Actor
 
 from ..helpers import query, table
 from .conftest import opened

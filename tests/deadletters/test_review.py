@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from jobfence import App, Job, NonRetryableError, RetryPolicy, ReviewConflict, Tx
-from jobfence import deadletters as dl
-from jobfence import stats as counts
-from jobfence.harness import Outcome
+from jobfence.review import deadletters as dl
+from jobfence.review import stats as counts
+from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table
 from .conftest import letter_params, opened, seed_letters

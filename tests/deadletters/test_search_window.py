@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobfence import deadletters as dl
+from jobfence.review import deadletters as dl
 from jobfence.sql import queries
 
 from ..helpers import table

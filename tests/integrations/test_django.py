@@ -334,7 +334,7 @@ def test_jobfence_imports_without_django_and_the_integration_names_the_extra() -
     script = (
         "import sys\n"
         "sys.modules['django'] = None  # as if Django were not installed\n"
-        "import jobfence, jobfence.cli, jobfence.harness\n"
+        "import jobfence, jobfence.cli, jobfence.runtime.harness\n"
         "try:\n"
         "    import jobfence.integrations.django\n"
         "except ImportError as exc:\n"

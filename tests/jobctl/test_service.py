@@ -1,4 +1,4 @@
-"""Job control through the service layer (jobfence.jobctl, jobfence.discards), on both
+"""Job control through the service layer (jobfence.review.jobctl, jobfence.review.discards), on both
 stores: lists with every filter and keyset pages, cancel (a discarded CANCELLED letter, in
 one transaction with its audit row), retry-now, pause/resume, partner scope, bulk discard."""
 
@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from jobfence import App, Job, Tx, discards, jobctl
-from jobfence.deadletters import Actor, Filter
+from jobfence import App, Job, Tx
 from jobfence.errors import InvalidRequest, NotFound, ReviewConflict
+from jobfence.review import discards, jobctl
+from jobfence.review.deadletters import Actor, Filter
 
 from ..deadletters.conftest import letter_params, seed_letters
 from ..helpers import RunningWorker, eventually, query, start_worker, table

@@ -15,18 +15,10 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from jobfence import (
-    App,
-    BusinessError,
-    Job,
-    RetryPolicy,
-    TemporaryError,
-    Tx,
-    deadletters,
-    outbox,
-)
-from jobfence.deadletters import Actor
-from jobfence.harness import Outcome
+from jobfence import App, BusinessError, Job, RetryPolicy, TemporaryError, Tx, outbox
+from jobfence.review import deadletters
+from jobfence.review.deadletters import Actor
+from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, eventually, query, scalar, table
 from .orm_app import Credit, build, create_tables, engine_url

@@ -15,9 +15,10 @@ import pytest
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
-from jobfence import App, BusinessError, ConfigurationError, Job, TemporaryError, deadletters
-from jobfence.deadletters import Actor
-from jobfence.harness import Outcome
+from jobfence import App, BusinessError, ConfigurationError, Job, TemporaryError
+from jobfence.review import deadletters
+from jobfence.review.deadletters import Actor
+from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, eventually, scalar, table
 from .orm_app import Base, Credit, build_sync

@@ -25,8 +25,8 @@ import psycopg
 import pytest
 
 from jobfence import App, EnqueueError, Job, RetryPolicy, Tx, outbox
-from jobfence.harness import Outcome
-from jobfence.relay import Relay
+from jobfence.outbox.relay import Relay
+from jobfence.runtime.harness import Outcome
 
 from ..conftest import create_pg_database, drop_pg_database, pg_url
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table, wait_until
@@ -167,7 +167,7 @@ RELAY_SCRIPT = textwrap.dedent(
     import asyncio, pathlib, sys
     from datetime import timedelta
     from jobfence import App
-    from jobfence.relay import Relay, RelayObserver
+    from jobfence.outbox.relay import Relay, RelayObserver
 
     class HoldAfterPublish(RelayObserver):
         async def published(self, events):

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from jobfence import App, outbox
-from jobfence.deadletters import InvalidRequest
 from jobfence.errors import ReviewConflict
 from jobfence.ops.app import create_app
+from jobfence.review.deadletters import InvalidRequest
 
 from ..deadletters.conftest import Tokens, make_tokens, serve
 from ..helpers import query, table

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from jobfence import App, outbox
-from jobfence.relay import CHANNEL, Relay
+from jobfence.outbox.relay import CHANNEL, Relay
 
 from ..helpers import eventually, scalar
 

@@ -385,7 +385,7 @@ async def test_outbox_routes_need_an_unscoped_operator_to_redrive(running: Ctx) 
 async def test_replaying_the_dead_letter_completes_the_request(running: Ctx) -> None:
     """Instead of the operator retry, the dead letter can be replayed through jobfence's
     dead-letter service (same event id): the consumer completes the request, one order."""
-    from jobfence.deadletters import Actor, replay
+    from jobfence.review.deadletters import Actor, replay
 
     ctx = running
     await ctx.stack.control(functional_rate=1.0)

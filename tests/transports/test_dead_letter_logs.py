@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from jobfence.core.jobs import Delivery
 from jobfence.errors import Category
-from jobfence.jobs import Delivery
 from jobfence.logs import LogObserver
 from jobfence.observers import Observer, Observers
 

@@ -6,9 +6,10 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from jobfence import Job, RetryPolicy, Tx, deadletters
-from jobfence.jobs import Delivery
-from jobfence.letters import get_letter
+from jobfence import Job, RetryPolicy, Tx
+from jobfence.core.jobs import Delivery
+from jobfence.review import deadletters
+from jobfence.review.letters import get_letter
 from jobfence.transports.nats import NatsTransport
 
 from ..contract.support import Target, effects, remaining, with_option

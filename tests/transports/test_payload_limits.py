@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from jobfence import EnqueueError
-from jobfence.jobs import Delivery
+from jobfence.core.jobs import Delivery
 from jobfence.transports.nats import NatsTransport
 from jobfence.transports.rabbitmq import RabbitMQTransport
 

@@ -6,9 +6,10 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from jobfence import Job, RetryPolicy, Tx, deadletters
-from jobfence.jobs import Delivery
-from jobfence.letters import get_letter
+from jobfence import Job, RetryPolicy, Tx
+from jobfence.core.jobs import Delivery
+from jobfence.review import deadletters
+from jobfence.review.letters import get_letter
 from jobfence.transports.rabbitmq import RabbitMQTransport, delay_bucket
 
 from ..contract.support import Target, remaining, with_option

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from jobfence.jobs import Delivery
+from jobfence.core.jobs import Delivery
 from jobfence.store import OutgoingJob
 from jobfence.transports.redis import RedisTransport
 

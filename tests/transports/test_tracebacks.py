@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jobfence.jobs import history_from
+from jobfence.core.jobs import history_from
 
 from ..contract.support import (
     KINDS,
@@ -114,8 +114,8 @@ def test_brokers_carry_the_newest_traces_within_their_budget() -> None:
     """A broker message's history keeps tracebacks newest first within 32 KiB (older ones
     are dropped, one that does not fit is cut to its last bytes); Pub/Sub fits each attempt
     into one 1 024-byte attribute, keeping the traceback's last bytes that fit."""
+    from jobfence.core.jobs import AttemptRecord
     from jobfence.errors import tail
-    from jobfence.jobs import AttemptRecord
     from jobfence.transports._broker import BROKER_TRACE_BUDGET, Meta, fit_traces
     from jobfence.transports.pubsub.attributes import attributes, read_meta
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from ..core.leases import Lease, default_holder
 from ..db import Database, Tx, to_datetime
 from ..errors import TAXONOMY, Category, ConfigurationError
-from ..leases import Lease, default_holder
 from ..metrics import ALERT_FAILURES, ALERTS_DELIVERED
 from .events import fingerprint, redact
 from .sinks import Alert, AlertSink

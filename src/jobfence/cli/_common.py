@@ -21,10 +21,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .. import letters, logs
+from .. import logs
 from ..app import App
 from ..config import ENV_DATABASE_URL, ENV_SCHEMA, ENV_TRANSPORT_URL
-from ..jobs import AttemptRecord
+from ..core.jobs import AttemptRecord
+from ..review import letters
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -336,10 +337,10 @@ def metrics_options(func: F) -> F:
 
 
 def serve_probes(port: int | None, host: str, liveness_timeout: timedelta) -> None:
-    """Start the metrics and health server (:func:`jobfence.health.serve`) when asked to."""
+    """Start the metrics and health server (:func:`jobfence.runtime.health.serve`) when asked to."""
     if not port:
         return
-    from ..health import serve
+    from ..runtime.health import serve
 
     try:
         serve(port, host, liveness_timeout=liveness_timeout.total_seconds())
@@ -349,7 +350,7 @@ def serve_probes(port: int | None, host: str, liveness_timeout: timedelta) -> No
 
 def limit_option(default: int = 50) -> Callable[[F], F]:
     """``--limit``: rows per page, capped as the ops API caps it (``MAX_PAGE``)."""
-    from ..deadletters import MAX_PAGE
+    from ..review.deadletters import MAX_PAGE
 
     return click.option(
         "--limit",

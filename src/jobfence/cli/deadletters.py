@@ -1,5 +1,5 @@
 """``jobfence dead-letters list|show|replay|discard|audit|stats|replay-report``: the CLI twins
-of the ops API, thin over :mod:`jobfence.deadletters` and :mod:`jobfence.replays`.
+of the ops API, thin over :mod:`jobfence.review.deadletters` and :mod:`jobfence.review.replays`.
 
 Readable tables for people; ``--json`` for scripts. Actions are recorded in the audit log as
 ``--actor`` (default ``$JOBFENCE_ACTOR``, else ``user@host``).
@@ -16,9 +16,9 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import deadletters as service
-from .. import letters, replays
 from ..errors import Category, NotFound, ReviewConflict
+from ..review import deadletters as service
+from ..review import letters, replays
 from ._common import (
     _default_actor,
     _emit,
@@ -64,7 +64,7 @@ def list_dead_letters(
     as_json: bool,
 ) -> None:
     """List dead letters, newest first (no payloads; see `show`)."""
-    from .. import deadletters
+    from ..review import deadletters
 
     app = make_app(database_url)
 

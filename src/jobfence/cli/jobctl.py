@@ -1,7 +1,7 @@
 """``jobfence jobs list|show|cancel|retry-now``, ``jobfence queues list|pause|resume`` and
 ``jobfence dead-letters discard-matching``: the CLI twins of the console's jobs and queues
 pages and of ``/v1/jobs``, ``/v1/queues`` and ``/v1/discards``, thin over
-:mod:`jobfence.jobctl` and :mod:`jobfence.discards`.
+:mod:`jobfence.review.jobctl` and :mod:`jobfence.review.discards`.
 
 Jobs and pauses live in the queue's database (``--transport`` when it is not the app's
 database); a broker keeps its jobs itself (docs/job-control.md). Every action is audited as
@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 import click
 from rich.table import Table
 
-from .. import deadletters as service
-from .. import discards, jobctl
 from ..app import App
 from ..db import Database
 from ..errors import Category, InvalidRequest
+from ..review import deadletters as service
+from ..review import discards, jobctl
 from ._common import (
     _default_actor,
     _emit,

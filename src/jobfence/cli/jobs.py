@@ -12,7 +12,7 @@ import click
 
 from ..app import App
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, check_schema_name
-from ..jobs import check_job_id, check_queue
+from ..core.jobs import check_job_id, check_queue
 from ..sql import DEFAULT_SCHEMA, Dialect
 from ._common import (
     ENV_APP,

@@ -13,11 +13,11 @@ from typing import Any
 import click
 from rich.table import Table
 
-from .. import deadletters as service
 from ..app import DEFAULT_LEASE
+from ..core.fence import exposure as fence_exposure
+from ..core.retry import DEFAULT_POLICY
 from ..errors import require_extra
-from ..fence import exposure as fence_exposure
-from ..retry import DEFAULT_POLICY
+from ..review import deadletters as service
 from ._common import (
     POSITIVE,
     Duration,
@@ -89,7 +89,7 @@ def cleanup(
     letter pending review (or replayed recently), or while that job is still retrying.
     """
     from .. import logs
-    from ..cleanup import cleanup_fences, cleanup_loop
+    from ..runtime.cleanup import cleanup_fences, cleanup_loop
 
     logs.configure(log_level, log_format)
     age = min_age if min_age is not None else fence_exposure(DEFAULT_POLICY, DEFAULT_LEASE)

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from .. import outbox
 from ..errors import ReviewConflict
-from ..relay import Relay
+from ..outbox.relay import Relay
 from ._common import (
     ENV_APP,
     POSITIVE,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from .. import stats as counts
-from ..deadletters import Actor
+from ..review import stats as counts
+from ..review.deadletters import Actor
 from ._common import (
     _default_actor,
     _emit,

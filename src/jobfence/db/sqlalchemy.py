@@ -217,7 +217,7 @@ def _driver_tx(driver: Any, sql: Mapping[str, LiteralString], dialect: Dialect) 
 
 class EngineWork:
     """Opens each job's transaction on the user's ``AsyncEngine`` (see the module's doc);
-    what :func:`jobfence.fence.work` asks of a database for it. ``session_options`` go to
+    what :func:`jobfence.core.fence.work` asks of a database for it. ``session_options`` go to
     every ``AsyncSession`` handed to a handler (``expire_on_commit``, ``info``…)."""
 
     def __init__(
@@ -384,7 +384,7 @@ _writers_lock = threading.Lock()
 
 
 def _sqlite_writer(engine: Engine) -> threading.Lock:
-    """One lock per SQLite file in this process (see :func:`jobfence.hosted.sqlite_writer`,
+    """One lock per SQLite file in this process (see :func:`jobfence.runtime.hosted.sqlite_writer`,
     which ``db/`` may not import)."""
     key = os.path.realpath(engine.url.database or "")
     with _writers_lock:
@@ -396,7 +396,8 @@ class SessionHost:
     (``create_engine``): each job's transaction on a connection of that engine, in a worker
     thread, with a ``Session`` joined to it exactly as :class:`EngineWork` does for an
     ``AsyncSession`` (fence first, savepoint-mode session, transaction control refused, one
-    COMMIT). A :class:`jobfence.hosted.WorkHost`: the harness plans the steps and decides."""
+    COMMIT). A :class:`jobfence.runtime.hosted.WorkHost`: the harness plans the steps and
+    decides."""
 
     def __init__(
         self,

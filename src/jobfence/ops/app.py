@@ -1,4 +1,4 @@
-"""The ops HTTP API (SPEC K3): FastAPI over :mod:`jobfence.deadletters`, for operators.
+"""The ops HTTP API (SPEC K3): FastAPI over :mod:`jobfence.review.deadletters`, for operators.
 
 Every route but ``/healthz`` needs a bearer token (``jobfence ops token create``); write
 routes need the ``operator`` role; a partner-scoped token sees only its partner's letters and
@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from ..app import App
-from ..leases import default_holder
+from ..core.leases import default_holder
 from . import models
 from .auth import Principal
 from .body_limit import DEFAULT_MAX_BODY, BodyLimit

@@ -32,8 +32,8 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..db import Database, is_unique_violation
-from ..deadletters import Actor, record
 from ..errors import TokenError
+from ..review.deadletters import Actor, record
 
 Role = Literal["viewer", "operator"]
 ROLES: tuple[Role, ...] = ("viewer", "operator")

@@ -10,11 +10,11 @@ from typing import Any
 
 from fastapi import Depends, Path, Request
 
-from .. import deadletters as service
-from .. import replays
 from ..app import App
 from ..db import Database
 from ..errors import ReviewConflict
+from ..review import deadletters as service
+from ..review import replays
 from . import models
 from .auth import Principal, require
 
@@ -45,7 +45,7 @@ class OpsState:
     ) -> replays.ReplayStatus:
         """Confirm a previewed bulk replay and run it in the background of this server (the
         ops API's ``POST /v1/replays/{id}/run`` and the console's confirmation); also
-        resumes a stopped one. Follow it with :func:`jobfence.replays.replay_status`."""
+        resumes a stopped one. Follow it with :func:`jobfence.review.replays.replay_status`."""
         running = self.runs.get(replay_id)
         if running is not None and not running.done():
             raise ReviewConflict(f"replay {replay_id} is already running in this server")

@@ -7,17 +7,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..deadletters import (
-    MAX_ID,
-    MAX_IDS,
-    MAX_REASON,
-    AuditEntry,
-    ItemOutcome,
-    LetterView,
-)
-from ..letters import DeadLetter
-from ..letters import payload_view as _payload_view
-from ..replays import ReplayPreview, ReplayStatus
+from ..review.deadletters import MAX_ID, MAX_IDS, MAX_REASON, AuditEntry, ItemOutcome, LetterView
+from ..review.letters import DeadLetter
+from ..review.letters import payload_view as _payload_view
+from ..review.replays import ReplayPreview, ReplayStatus
 
 #: A letter or replay id: what the stores hold (bigint / INTEGER), so 422, never an overflow.
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]

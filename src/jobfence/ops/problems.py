@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..db import DATA_ERROR
-from ..deadletters import MAX_ID
 from ..errors import DatabaseUnavailable, InvalidRequest, NotFound, ReviewConflict
+from ..review.deadletters import MAX_ID
 
 log = logging.getLogger("jobfence.ops")
 

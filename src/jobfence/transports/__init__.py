@@ -1,6 +1,6 @@
 """The queue port: what the harness needs from any queue, database-backed or broker.
 
-A transport hands over :class:`~jobfence.jobs.Delivery` objects and is told, after the work
+A transport hands over :class:`~jobfence.core.jobs.Delivery` objects and is told, after the work
 transaction has committed (or failed), what happened to each. Semantics live in the harness;
 an adapter only moves messages.
 
@@ -15,9 +15,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 
+from ..core.jobs import Delivery
 from ..db import Database, Tx
 from ..errors import Category, ConfigurationError, EnqueueError, extra_needed
-from ..jobs import Delivery
 from ..store import OutgoingJob
 
 MiB = 1024 * 1024

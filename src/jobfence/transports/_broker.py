@@ -17,8 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..errors import Category, ConfigurationError, tail
-from ..jobs import (
+from ..core.jobs import (
     TRACEPARENT,
     TRACESTATE,
     AttemptRecord,
@@ -28,6 +27,7 @@ from ..jobs import (
     trace_context_of,
     trace_headers,
 )
+from ..errors import Category, ConfigurationError, tail
 from ..store import OutgoingJob
 
 #: Header / field names carried by every broker message.

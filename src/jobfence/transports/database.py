@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ..core.jobs import Delivery, history_from, history_json, partner_of
 from ..db import Database, Tx, to_datetime
 from ..errors import Category
-from ..jobs import Delivery, history_from, history_json, partner_of
 from ..store import OutgoingJob, Store
 from . import Transport
 

@@ -43,8 +43,8 @@ import aio_pika
 import aio_pika.abc
 import aiormq.exceptions
 
+from ..core.jobs import Delivery
 from ..errors import Category, ConfigurationError
-from ..jobs import Delivery
 from ..store import OutgoingJob
 from . import Transport
 from ._broker import Meta, Options, retry_record

@@ -36,8 +36,8 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from ..core.jobs import Delivery
 from ..errors import Category, ConfigurationError
-from ..jobs import Delivery
 from ..store import OutgoingJob
 from . import Transport
 from ._broker import Meta, Options, ShieldedFetch, retry_record

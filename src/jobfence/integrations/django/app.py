@@ -20,9 +20,9 @@ from django.utils.connection import ConnectionDoesNotExist
 from ... import outbox
 from ...app import App
 from ...config import parse_database_url
+from ...core.retry import RetryPolicy
 from ...errors import ConfigurationError, EnqueueError
-from ...harness import Handler
-from ...retry import RetryPolicy
+from ...runtime.harness import Handler
 from ...transports import is_broker_url
 from .work import DjangoHost, DjangoTx, dialect_of, raw_connection
 

@@ -35,7 +35,7 @@ from ...db.adopt import SyncConnection
 from ...db.postgres import _boundary_error
 from ...db.sqlite import _Lent
 from ...errors import ConfigurationError, TransactionBoundaryError
-from ...hosted import HostedWork, WorkHost, sqlite_writer
+from ...runtime.hosted import HostedWork, WorkHost, sqlite_writer
 from ...sql import Dialect
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from ... import deadletters as service
 from ...db import Database
+from ...review import deadletters as service
 from .. import models
 from ..auth import Principal
 from ..deps import DB, MAX_ID, VIEWER, actor_of

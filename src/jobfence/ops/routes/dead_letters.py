@@ -7,9 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from ... import deadletters as service
 from ...app import App
 from ...db import Database
+from ...review import deadletters as service
 from .. import models
 from ..auth import Principal
 from ..deps import (

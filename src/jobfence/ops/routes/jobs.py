@@ -1,6 +1,6 @@
-"""``/v1/jobs``, ``/v1/queues`` and ``/v1/discards``: job control (:mod:`jobfence.jobctl`) —
+"""``/v1/jobs``, ``/v1/queues`` and ``/v1/discards``: job control (:mod:`jobfence.review.jobctl`) —
 jobs waiting, running and scheduled for retry, cancel and retry-now, queues with their counts,
-pause and resume — and bulk discard of dead letters (:mod:`jobfence.discards`).
+pause and resume — and bulk discard of dead letters (:mod:`jobfence.review.discards`).
 
 The same service functions as ``jobfence jobs …``/``jobfence queues …`` and the console's
 pages; every action is audited in its own transaction. Jobs and pauses live in the queue's
@@ -16,11 +16,11 @@ from typing import Any, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ... import deadletters as service
-from ... import discards, jobctl
 from ...app import App
 from ...db import Database
 from ...errors import NotFound
+from ...review import deadletters as service
+from ...review import discards, jobctl
 from .. import models
 from ..auth import Principal
 from ..deps import APP, CONFLICT, FORBIDDEN, MAX_ID, MISSING, OPERATOR, VIEWER, actor_of

@@ -7,9 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from ... import deadletters as service
-from ... import replays
 from ...db import Database
+from ...review import deadletters as service
+from ...review import replays
 from .. import models
 from ..auth import Principal
 from ..deps import (

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ... import stats as counts
 from ...app import App
 from ...db import Database
+from ...review import stats as counts
 from .. import models
 from ..auth import Principal
 from ..deps import APP, DB, VIEWER, actor_of

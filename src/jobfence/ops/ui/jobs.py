@@ -1,6 +1,7 @@
-"""Jobs and queues (:mod:`jobfence.jobctl`): jobs waiting, running and retrying (filters,
+"""Jobs and queues (:mod:`jobfence.review.jobctl`): jobs waiting, running and retrying (filters,
 keyset pages), one job with its attempts and tracebacks, cancel and retry-now; queues with
-their counts, pause and resume; and bulk discard of dead letters (:mod:`jobfence.discards`)."""
+their counts, pause and resume; and bulk discard of dead letters
+(:mod:`jobfence.review.discards`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 
-from ... import discards, jobctl
 from ...app import App
 from ...db import Database
 from ...errors import InvalidRequest
+from ...review import discards, jobctl
 from ..deps import MAX_ID, actor_of, jobfence_app
 from .letters import _form, _time, letter_filter
 from .render import link, page, payload_view, redirect

@@ -10,9 +10,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 
-from ... import deadletters as service
-from ... import replays
 from ...errors import Category, InvalidRequest
+from ...review import deadletters as service
+from ...review import replays
 from ..deps import MAX_ID, actor_of, jobfence_app
 from .render import link, page, payload_view, redirect, secure
 from .session import Refused, User, operator, signed_in

@@ -14,8 +14,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from ... import jobctl
-from ... import stats as counts
+from ...review import jobctl
+from ...review import stats as counts
 from ..deps import actor_of, jobfence_app
 from .jobs import served
 from .render import chart, page

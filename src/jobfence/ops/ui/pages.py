@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from ... import deadletters as service
 from ... import outbox
 from ...errors import InvalidRequest
+from ...review import deadletters as service
 from ..deps import MAX_ID, actor_of, database
 from .letters import _time
 from .render import CSP_SWAGGER, link, page, redirect, secure

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
-from ...jobs import AttemptRecord, history_from, history_json
+from ...core.jobs import AttemptRecord, history_from, history_json
 from .._broker import fit_traces
 
 #: Bytes of a message's max_payload kept for jobfence's headers. NATS counts headers into

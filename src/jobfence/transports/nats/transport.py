@@ -28,8 +28,8 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from ...core.jobs import Delivery
 from ...errors import Category, ConfigurationError, EnqueueError
-from ...jobs import Delivery
 from ...store import OutgoingJob
 from .. import Transport
 from .._broker import (

@@ -7,8 +7,8 @@ import contextlib
 import json
 from dataclasses import replace
 
+from ...core.jobs import AttemptRecord
 from ...errors import tail
-from ...jobs import AttemptRecord
 from .._broker import DELAY, HISTORY, Meta
 
 #: Pub/Sub's limit on one message (data and attributes), and what jobfence keeps for its

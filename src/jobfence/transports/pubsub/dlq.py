@@ -11,8 +11,8 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types
 
+from ...core.jobs import Delivery, trace_headers
 from ...errors import Category
-from ...jobs import Delivery, trace_headers
 from .._broker import JOB_ID
 from .attributes import _fit, read_meta
 from .messaging import PubSubMessaging, _Token

@@ -23,8 +23,8 @@ from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOT
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 
+from ...core.jobs import Delivery
 from ...errors import Category, ConfigurationError
-from ...jobs import Delivery
 from ...store import OutgoingJob
 from .. import Transport
 from .._broker import Meta, Options, ShieldedFetch, retry_record

@@ -1,4 +1,4 @@
--- Bulk discard (jobfence.discards): the mirror of bulk replay. The filter is dl_search's;
+-- Bulk discard (jobfence.review.discards): the mirror of bulk replay. The filter is dl_search's;
 -- the snapshot is "pending letters matching it with id <= upto" (a letter that leaves
 -- pending_review never comes back, and later letters have higher ids).
 

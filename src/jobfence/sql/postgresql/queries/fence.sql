@@ -1,4 +1,4 @@
--- The fence (SPEC F, H5, T2): insert with the ack, group commit, the lent transaction, cleanup (jobfence.fence, jobfence.cleanup).
+-- The fence (SPEC F, H5, T2): insert with the ack, group commit, the lent transaction, cleanup (jobfence.core.fence, jobfence.runtime.cleanup).
 
 -- name: fence_and_ack
 -- core.fence() keeps the key unique across the day partitions (9_fence_partitions.sql).

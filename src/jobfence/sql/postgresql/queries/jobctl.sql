@@ -1,4 +1,4 @@
--- Job control (jobfence.jobctl): list, show, cancel and retry-now jobs of the database
+-- Job control (jobfence.review.jobctl): list, show, cancel and retry-now jobs of the database
 -- queue; pause and resume queues. A job is waiting (available, never failed), retrying
 -- (available after a failed attempt: run_at is the next attempt) or running (leased).
 -- Lists are keyset pages on the primary key (id > after), oldest first; every filter is an

@@ -1,4 +1,4 @@
--- Bulk replays: snapshot, runner lease, items (jobfence.replays).
+-- Bulk replays: snapshot, runner lease, items (jobfence.review.replays).
 
 -- name: replay_create
 INSERT INTO core.replays (created_by, partner, filter, total, expires_at)

@@ -137,7 +137,7 @@ BEGIN
     RETURN NULL;
 END;
 $$;
--- (a letter written already decided — a cancelled job, see jobfence.jobctl — raises none)
+-- (a letter written already decided — a cancelled job, see jobfence.review.jobctl — raises none)
 CREATE TRIGGER dead_letters_alert AFTER INSERT ON core.dead_letters
     FOR EACH ROW WHEN (NEW.status = 'pending_review')
     EXECUTE FUNCTION core.dead_letters_alert();

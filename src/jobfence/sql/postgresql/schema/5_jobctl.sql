@@ -2,7 +2,7 @@
 -- migrations/0006_job_control.sql produces exactly this (with the alert trigger's WHEN in
 -- 2_review.sql).
 
--- The partner (tenant) of a job, read from its payload at enqueue (jobfence.jobs.partner_of).
+-- The partner (tenant) of a job, read from its payload at enqueue (jobfence.core.jobs.partner_of).
 ALTER TABLE core.jobs
     ADD COLUMN partner text CHECK (partner <> '' AND length(partner) <= 200);
 CREATE INDEX jobs_job_id_idx ON core.jobs (job_id);

@@ -1,4 +1,4 @@
--- The append-only audit log (jobfence.deadletters.record).
+-- The append-only audit log (jobfence.review.deadletters.record).
 
 -- name: audit_insert
 INSERT INTO core_audit_log (at, actor, via, action, partner, dead_letter_id, replay_id, reason,

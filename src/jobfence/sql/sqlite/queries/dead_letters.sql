@@ -1,4 +1,4 @@
--- Dead letters: the record and its review (jobfence.letters, jobfence.deadletters).
+-- Dead letters: the record and its review (jobfence.review.letters, jobfence.review.deadletters).
 
 -- name: insert_dead_letter
 INSERT INTO core_dead_letters (

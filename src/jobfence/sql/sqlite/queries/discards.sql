@@ -1,4 +1,4 @@
--- Bulk discard (jobfence.discards): the mirror of bulk replay; see the PostgreSQL file.
+-- Bulk discard (jobfence.review.discards): the mirror of bulk replay; see the PostgreSQL file.
 
 -- name: discard_breakdown
 SELECT queue, error_category AS category, count(*) AS letters, max(id) AS upto

@@ -1,4 +1,4 @@
--- The fence (SPEC F, H5, T2): insert with the ack, group commit, the lent transaction, cleanup (jobfence.fence, jobfence.cleanup).
+-- The fence (SPEC F, H5, T2): insert with the ack, group commit, the lent transaction, cleanup (jobfence.core.fence, jobfence.runtime.cleanup).
 
 -- name: fence
 INSERT INTO core_processed_jobs (consumer, job_id, processed_at, expires_at)

@@ -1,4 +1,4 @@
--- Job control (jobfence.jobctl): list, show, cancel and retry-now jobs of the database
+-- Job control (jobfence.review.jobctl): list, show, cancel and retry-now jobs of the database
 -- queue; pause and resume queues. See the PostgreSQL file for the states and the indexes.
 
 -- name: jobs_list

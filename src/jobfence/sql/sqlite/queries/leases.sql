@@ -1,4 +1,4 @@
--- Named leases of background duties (jobfence.leases).
+-- Named leases of background duties (jobfence.core.leases).
 
 -- name: lease_acquire
 INSERT INTO core_leases (name, holder, acquired_at, expires_at)

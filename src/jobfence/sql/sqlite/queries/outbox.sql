@@ -1,4 +1,4 @@
--- The transactional outbox and its relay (jobfence.outbox, jobfence.relay).
+-- The transactional outbox and its relay (jobfence.outbox, jobfence.outbox.relay).
 
 -- name: outbox_write
 INSERT INTO core_outbox (event_id, queue, ordering_key, correlation_id, payload,

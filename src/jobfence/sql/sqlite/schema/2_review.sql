@@ -120,7 +120,7 @@ CREATE TABLE core_alert_events (
     details         TEXT CHECK (json_type(details) = 'object'),
     dead_letter_id  INTEGER
 );
--- (a letter written already decided — a cancelled job, see jobfence.jobctl — raises none)
+-- (a letter written already decided — a cancelled job, see jobfence.review.jobctl — raises none)
 CREATE TRIGGER core_dead_letters_alert AFTER INSERT ON core_dead_letters
 WHEN NEW.status = 'pending_review'
 BEGIN

@@ -2,7 +2,7 @@
 -- migrations/0006_job_control.sql produces exactly this (with the alert trigger's WHEN in
 -- 2_review.sql).
 
--- The partner (tenant) of a job, read from its payload at enqueue (jobfence.jobs.partner_of).
+-- The partner (tenant) of a job, read from its payload at enqueue (jobfence.core.jobs.partner_of).
 ALTER TABLE core_jobs ADD COLUMN partner TEXT CHECK (partner <> '' AND length(partner) <= 200);
 CREATE INDEX core_jobs_job_id_idx ON core_jobs (job_id);
 CREATE INDEX core_jobs_correlation_idx ON core_jobs (correlation_id)

@@ -23,7 +23,7 @@ open transaction, before it commits: if the publish fails the letter stays pendi
 commit fails after a successful publish the letter stays pending too and a later replay
 publishes the job again — a duplicate delivery that the fence absorbs. A replay is never lost.
 A letter whose job_id is already fenced for its consumer is marked replayed without
-republishing (``already_applied``): its effect exists. Bulk replay: :mod:`jobfence.replays`.
+republishing (``already_applied``): its effect exists. Bulk replay: :mod:`jobfence.review.replays`.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, get_args
 
-from . import tracing
-from .db import Database, Tx, to_datetime
-from .errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
+from .. import tracing
+from ..db import Database, Tx, to_datetime
+from ..errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
+from ..store import OutgoingJob
+from ..transports import Transport
 from .letters import DeadLetter, from_row, get_letter
-from .store import OutgoingJob
-from .transports import Transport
 
 T = TypeVar("T")
 

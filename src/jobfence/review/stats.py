@@ -9,7 +9,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from .db import Database
+from ..db import Database
 from .deadletters import Actor
 
 
@@ -38,7 +38,7 @@ async def stats(
     """Letters by queue, category and status; for unscoped callers the queue depth, and each
     queue's backlog, marked by whether a queue in ``served`` (the app's consumers' queues;
     empty: not known) covers it, so a queue nobody consumes shows. ``jobs=False``: the letters
-    only (the console counts jobs with :func:`jobfence.jobctl.list_queues`)."""
+    only (the console counts jobs with :func:`jobfence.review.jobctl.list_queues`)."""
     rows = await db.run("dl_stats", {"partner": actor.partner})
     letters = [{**r, "letters": int(r["letters"])} for r in rows]
     if actor.partner is not None or not jobs:
@@ -67,7 +67,7 @@ async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None
     or the catalogue; all are read before any gauge changes, so a scrape never sees half. A
     query that fails (a role without a grant, say) leaves its gauges as they were and the
     others still refresh; the failures are raised together at the end."""
-    from . import metrics as m
+    from .. import metrics as m
 
     source = queue_db or db
     reads = {

@@ -1,15 +1,15 @@
 """Work transactions an integration provides: the fence in an ORM's own transaction.
 
 By default a job runs in a transaction jobfence opens on its own connection
-(:func:`jobfence.fence.work`). An ORM integration (Django) instead *hosts* the work: it opens
+(:func:`jobfence.core.fence.work`). An ORM integration (Django) instead *hosts* the work: it opens
 the transaction on the ORM's connection, runs jobfence's fence steps there first, lends it to
 the handler, checks the boundary and commits — so the ORM's writes and the fence commit or
 roll back together (SPEC F2, H5). A synchronous SQLAlchemy engine's ``def`` handlers run
 the same way (:class:`jobfence.db.sqlalchemy.SessionHost`). The whole job runs in one worker
 thread, because ORM connections belong to the thread that opened them.
 
-The harness keeps every decision: it plans the steps (:func:`jobfence.fence.plan`), reads
-their outcome (:func:`jobfence.fence.outcome`) and handles failures as on its own path; a
+The harness keeps every decision: it plans the steps (:func:`jobfence.core.fence.plan`), reads
+their outcome (:func:`jobfence.core.fence.outcome`) and handles failures as on its own path; a
 host only provides the transaction.
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from .db import Row
-from .fence import FenceOutcome, outcome
+from ..core.fence import FenceOutcome, outcome
+from ..db import Row
 
 
 class HostedWork(Protocol):

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from .alerts import AlertDispatcher, AlertSink, sinks_from_env
+from ..alerts import AlertDispatcher, AlertSink, sinks_from_env
+from ..db import Database
+from ..errors import ConfigurationError
+from ..review.stats import refresh_gauges
 from .cleanup import DEFAULT_BATCH, DEFAULT_INTERVAL, cleanup_loop
-from .db import Database
-from .errors import ConfigurationError
 from .partitions import days_loop
-from .stats import refresh_gauges
 
 log = logging.getLogger("jobfence.maintenance")
 

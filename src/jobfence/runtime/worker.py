@@ -4,8 +4,8 @@ Graceful shutdown (SPEC H4): on SIGTERM/SIGINT it stops fetching, lets in-flight
 for ``shutdown_grace`` seconds, then cancels the rest (their transactions roll back and the
 jobs are handed back to the queue). A second signal cancels them at once. It says what it waits
 for: the jobs in flight when the stop was asked, every few seconds while it waits, and what it
-cancelled. Plain ``def`` handlers run in daemon threads (:mod:`jobfence.threads`), so one still
-blocked cannot keep the process alive once the worker has stopped.
+cancelled. Plain ``def`` handlers run in daemon threads (:mod:`jobfence.runtime.threads`), so
+one still blocked cannot keep the process alive once the worker has stopped.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
+from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
+from ..core.jobs import Delivery
+from ..metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
 from .harness import Harness, Outcome
 from .health import Health, register, unregister
-from .jobs import Delivery
 from .maintenance import housekeeping
-from .metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
 from .threads import DaemonThreadPool
 
 if TYPE_CHECKING:
-    from .app import App
+    from ..app import App
 
 log = logging.getLogger("jobfence.worker")
 
@@ -100,14 +100,14 @@ class Worker:
         wanted = list(queues) if queues else known
         unknown = sorted(set(wanted) - set(known))
         if unknown:
-            from .errors import ConfigurationError
+            from ..errors import ConfigurationError
 
             raise ConfigurationError(
                 f"no consumer for queue(s) {', '.join(unknown)}; this app consumes: "
                 f"{', '.join(known) or '(nothing: register one with @app.consumer)'}"
             )
         if not wanted:
-            from .errors import ConfigurationError
+            from ..errors import ConfigurationError
 
             raise ConfigurationError("the app has no consumers; register one with @app.consumer")
         self.queues = wanted
@@ -137,7 +137,7 @@ class Worker:
         #: jobs cancelled at the end of the grace or by a forced stop (rolled back, handed back)
         self.cancelled = 0
 
-        #: what /livez and /readyz report for this worker (jobfence.health)
+        #: what /livez and /readyz report for this worker (jobfence.runtime.health)
         self.health = Health("worker")
         self._inflight_reported = 0
 
@@ -453,7 +453,7 @@ class Worker:
 
     async def _maintenance(self) -> None:
         """Queue upkeep (expired leases) plus the app's housekeeping: fence cleanup, alert
-        delivery and database gauges (see :mod:`jobfence.cleanup`)."""
+        delivery and database gauges (see :mod:`jobfence.runtime.cleanup`)."""
 
         async def queue_upkeep() -> None:
             interval = max(min(self.app.lease.total_seconds() / 2, 5.0), 0.2)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pydantic
 
-from .errors import ConfigurationError, PoisonPayload
+from ..errors import ConfigurationError, PoisonPayload
 
 Schema = type[pydantic.BaseModel] | Mapping[str, Any] | type[bytes] | None
 

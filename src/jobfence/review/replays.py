@@ -6,7 +6,7 @@ counts and a sample), :func:`start_replay` needs the operator to confirm that co
 callback, recording an outcome per item. It is resumable and idempotent: only items without
 an outcome are attempted, and only letters still pending are republished, so running it
 again (or a new bulk replay over the same filter) republishes nothing twice. Each batch is
-one transaction with :func:`jobfence.deadletters.republish`, like a single replay.
+one transaction with :func:`jobfence.review.deadletters.republish`, like a single replay.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from .db import Database, Tx, to_datetime
+from ..core.leases import default_holder
+from ..db import Database, Tx, to_datetime
+from ..errors import InvalidRequest, NotFound, ReviewConflict
+from ..transports import Transport
 from .deadletters import (
     Actor,
     Filter,
@@ -35,9 +38,6 @@ from .deadletters import (
     republish,
     shares_transaction,
 )
-from .errors import InvalidRequest, NotFound, ReviewConflict
-from .leases import default_holder
-from .transports import Transport
 
 MAX_BULK = 100_000
 PREVIEW_TTL = timedelta(hours=1)

@@ -9,7 +9,7 @@ import socket
 import uuid
 from datetime import timedelta
 
-from .db import Database, Tx
+from ..db import Database, Tx
 
 
 def default_holder() -> str:

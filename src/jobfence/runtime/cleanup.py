@@ -4,7 +4,7 @@ A fence row may go once it has expired (``expires_at``, set from the app's fence
 job ran) — but **never**:
 
 - while it is younger than ``min_age``, the longest time a delivery of its job can still
-  arrive (retry window + one lease per attempt, see :func:`jobfence.fence.exposure`) —
+  arrive (retry window + one lease per attempt, see :func:`jobfence.core.fence.exposure`) —
   a second guard next to the TTL check at start-up;
 - while its job_id has a dead letter pending review, or one replayed less than ``min_age``
   ago (a replay must meet the fence);
@@ -24,7 +24,7 @@ inserting fences is never held up for more than one batch. One cleaner runs at a
 cleaner that stalled past its lease can never commit another batch. Works the same on
 PostgreSQL and SQLite (whose single writer alternates batches with the workers' commits).
 
-A worker runs :func:`cleanup_loop` in the background (:mod:`jobfence.maintenance`).
+A worker runs :func:`cleanup_loop` in the background (:mod:`jobfence.runtime.maintenance`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .db import Database, Tx
-from .leases import Lease, default_holder
-from .metrics import CLEANUP_FAILURES, CLEANUP_SUCCEEDED, FENCES_DELETED
+from ..core.leases import Lease, default_holder
+from ..db import Database, Tx
+from ..metrics import CLEANUP_FAILURES, CLEANUP_SUCCEEDED, FENCES_DELETED
 from .partitions import busy, drop_day
 
 log = logging.getLogger("jobfence.cleanup")

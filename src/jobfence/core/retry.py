@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from .errors import Category, ConfigurationError, RetryMode
+from ..errors import Category, ConfigurationError, RetryMode
 
 DEFAULT_BASE = timedelta(seconds=30)
 DEFAULT_CAP = timedelta(hours=1)

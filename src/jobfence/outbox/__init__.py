@@ -11,7 +11,7 @@ duplicate (O3). States, enforced by CHECK constraints::
       │  └── failure with attempts left: wait (backoff), try again
       └── failure on the 5th attempt ──► PUBLISH_FAILED_RETRY ──operator re-drive──► PENDING
 
-The relay is :mod:`jobfence.relay`. A relay *claims* a batch (a lease, ``FOR UPDATE SKIP
+The relay is :mod:`jobfence.outbox.relay`. A relay *claims* a batch (a lease, ``FOR UPDATE SKIP
 LOCKED`` on PostgreSQL, so several relays share the work), publishes it, then marks it
 published. A relay killed between the publish and the mark leaves its claim to expire;
 another relay publishes the events again and the fence absorbs the duplicate. Events with
@@ -34,15 +34,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from . import tracing
-from .db import Database, Tx, to_datetime
-from .db.adopt import SyncConnection, adopt_async
-from .errors import (
-    ConfigurationError,
-    EnqueueError,
-    InvalidRequest,
-)
-from .store import OutgoingJob
+from .. import tracing
+from ..db import Database, Tx, to_datetime
+from ..db.adopt import SyncConnection, adopt_async
+from ..errors import ConfigurationError, EnqueueError, InvalidRequest
+from ..store import OutgoingJob
 
 log = logging.getLogger("jobfence.outbox")
 
@@ -66,7 +62,7 @@ def _event(
     key: str | None,
     correlation_id: str | None,
 ) -> dict[str, Any]:
-    from .app import App
+    from ..app import App
 
     job = App.job(queue, payload, job_id=event_id, correlation_id=correlation_id)
     if key is not None:
@@ -325,8 +321,8 @@ async def redrive(
     audit log (``outbox.redrive``). Returns the event ids re-driven; events in another state
     are left alone, so repeating a re-drive is harmless (and audits nothing).
     """
-    from .deadletters import Actor, record
-    from .errors import ReviewConflict
+    from ..errors import ReviewConflict
+    from ..review.deadletters import Actor, record
 
     who = Actor(actor, via)
     if not isinstance(reason, str) or not reason.strip():
@@ -403,7 +399,7 @@ async def cleanup(db: Database, retention: timedelta = DEFAULT_RETENTION, batch:
             return total
 
 
-# -- what a relay publishes (jobfence.relay) ---------------------------------------------------
+# -- what a relay publishes (jobfence.outbox.relay) -----------------------------------------
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
-from .db import Database, Tx
-from .errors import Category, ConfigurationError, classify, describe, error_code
-from .health import Health, register, unregister
-from .metrics import RELAYS
-from .outbox import (  # also importable from here
+from ..core.retry import RetryPolicy
+from ..db import Database, Tx
+from ..errors import Category, ConfigurationError, classify, describe, error_code
+from ..metrics import RELAYS
+from ..runtime.health import Health, register, unregister
+from . import (  # also importable from here
     DEFAULT_RETENTION,
     PUBLISH_FAILED_RETRY,
     OnPublished,
@@ -39,10 +40,9 @@ from .outbox import (  # also importable from here
     RelayStats,
     cleanup,
 )
-from .retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from .app import App
+    from ..app import App
 
 log = logging.getLogger("jobfence.relay")
 
@@ -143,7 +143,7 @@ class Relay:
         self._forced = False
         self._round: asyncio.Task[None] | None = None
 
-        #: what /livez and /readyz report for this relay (jobfence.health)
+        #: what /livez and /readyz report for this relay (jobfence.runtime.health)
         self.health = Health("relay")
 
     @property
@@ -575,7 +575,7 @@ class Relay:
     async def _alert(
         self, tx: Tx, event: OutboxEvent, category: Category, code: str | None, error: str
     ) -> None:
-        from .alerts import enqueue_alert
+        from ..alerts import enqueue_alert
 
         await enqueue_alert(
             tx,

@@ -37,7 +37,9 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .db import Database, Tx, to_datetime
+from ..core.jobs import AttemptRecord, check_queue, history_from, history_json
+from ..db import Database, Tx, to_datetime
+from ..errors import InvalidRequest, NotFound, ReviewConflict
 from .deadletters import (
     ALL_STATUSES,
     MAX_PAGE,
@@ -49,8 +51,6 @@ from .deadletters import (
     _reason,
     record,
 )
-from .errors import InvalidRequest, NotFound, ReviewConflict
-from .jobs import AttemptRecord, check_queue, history_from, history_json
 from .letters import payload_view
 
 JOB_STATES = ("waiting", "running", "retrying")

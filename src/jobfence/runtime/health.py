@@ -29,10 +29,10 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
 
-from .metrics import HEARTBEAT, READY
+from ..metrics import HEARTBEAT, READY
 
 if TYPE_CHECKING:
-    from .db import Database
+    from ..db import Database
 
 log = logging.getLogger("jobfence.health")
 

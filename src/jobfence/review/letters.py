@@ -2,8 +2,8 @@
 exact payload bytes (up to a limit, truncation recorded), every attempt, the last error and
 its category — written idempotently (one pending letter per consumer and job_id).
 
-Reviewing letters (replay, discard, audit) is :mod:`jobfence.deadletters`; bulk replay is
-:mod:`jobfence.replays`.
+Reviewing letters (replay, discard, audit) is :mod:`jobfence.review.deadletters`; bulk replay is
+:mod:`jobfence.review.replays`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .db import Database, Tx, to_datetime
-from .errors import Category
-from .jobs import PARTNER_FIELD as PARTNER_FIELD  # re-exported: where letters always had it
-from .jobs import AttemptRecord, Delivery, history_from, history_json
-from .jobs import partner_of as partner_of
+from ..core.jobs import PARTNER_FIELD as PARTNER_FIELD  # re-exported: where letters always had it
+from ..core.jobs import AttemptRecord, Delivery, history_from, history_json
+from ..core.jobs import partner_of as partner_of
+from ..db import Database, Tx, to_datetime
+from ..errors import Category
 
 DEFAULT_PAYLOAD_LIMIT = 10 * 1024 * 1024
 

@@ -29,10 +29,13 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from . import fence, group_commit, hosted, letters
-from .codec import Decoder
-from .db import Database, SyncTx, Tx, WorkSource, current_tx
-from .errors import (
+from ..core import fence
+from ..core.codec import Decoder
+from ..core.fence import FenceOutcome
+from ..core.jobs import Delivery, Job
+from ..core.retry import Decision, RetryPolicy
+from ..db import Database, SyncTx, Tx, WorkSource, current_tx
+from ..errors import (
     Category,
     HandlerError,
     PoisonPayload,
@@ -42,14 +45,14 @@ from .errors import (
     error_code,
     trace_of,
 )
-from .fence import FenceOutcome
-from .group_commit import Outcome as Outcome  # re-exported: the outcome of a delivery
-from .jobs import Delivery, Job
-from .letters import DEFAULT_PAYLOAD_LIMIT
-from .observers import Observers
-from .retry import Decision, RetryPolicy
-from .tracing import Tracing
-from .transports import Transport
+from ..observers import Observers
+from ..review import letters
+from ..review.letters import DEFAULT_PAYLOAD_LIMIT
+from ..tracing import Tracing
+from ..transports import Transport
+from . import hosted
+from .batch import Outcome as Outcome  # re-exported: the outcome of a delivery
+from .batch import run_batch
 
 log = logging.getLogger("jobfence.harness")
 
@@ -75,7 +78,7 @@ class Consumer:
     policy: RetryPolicy
     #: the handler's second parameter is an ORM session (``tx.session``), not ``tx``
     wants_session: bool = False
-    #: an integration that runs the work in its own transaction (:mod:`jobfence.hosted`)
+    #: an integration that runs the work in its own transaction (:mod:`jobfence.runtime.hosted`)
     host: hosted.WorkHost | None = None
     #: never share a group-commit transaction: each job gets one of its own
     isolated: bool = False
@@ -229,7 +232,7 @@ class Harness:
     async def _own(
         self, consumer: Consumer, delivery: Delivery, job: Job[Any], *, ack: bool
     ) -> tuple[FenceOutcome, float]:
-        """The job in jobfence's own work transaction (:func:`jobfence.fence.work`), opened by
+        """The job in jobfence's own work transaction (:func:`jobfence.core.fence.work`), opened by
         ``self.work`` (the app's database, or its SQLAlchemy engine)."""
         duration = 0.0
         async with fence.work(
@@ -252,7 +255,7 @@ class Harness:
     async def _hosted(
         self, consumer: Consumer, delivery: Delivery, job: Job[Any], *, ack: bool
     ) -> tuple[FenceOutcome, float]:
-        """The job in its integration's transaction (:mod:`jobfence.hosted`), in a worker
+        """The job in its integration's transaction (:mod:`jobfence.runtime.hosted`), in a worker
         thread: the fence steps, the handler and the commit all on the ORM's connection."""
         host = consumer.host
         assert host is not None
@@ -348,7 +351,7 @@ class Harness:
         if len(screened) == 1:
             alone.append(screened.pop()[:2])
         if screened:
-            await group_commit.run_batch(self, screened, outcomes)
+            await run_batch(self, screened, outcomes)
         for index, delivery in alone:
             outcomes[index] = await self.handle(delivery)
         return [outcomes[i] for i in range(len(deliveries))]

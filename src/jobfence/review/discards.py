@@ -1,5 +1,5 @@
 """Bulk discard: discard every pending letter a filter matches — the mirror of bulk replay
-(:mod:`jobfence.replays`), previewed first and carried out with a reason.
+(:mod:`jobfence.review.replays`), previewed first and carried out with a reason.
 
 :func:`preview_discard` counts what a filter matches now (a breakdown by queue and category, a
 sample) and fixes the snapshot's bound ``upto_id``, the highest matching id. Nothing changes.
@@ -17,9 +17,9 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .db import Database
+from ..db import Database
+from ..errors import InvalidRequest
 from .deadletters import Actor, Filter, _id, _reason, search
-from .errors import InvalidRequest
 from .replays import MAX_BULK
 
 __all__ = ["DiscardPreview", "DiscardResult", "discard_matching", "preview_discard"]

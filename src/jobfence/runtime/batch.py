@@ -1,6 +1,6 @@
 """Group commit (the worker's default on a PostgreSQL queue in the fence's database): the
 jobs of one batch in one transaction, each in its own savepoint; see
-:meth:`jobfence.harness.Harness.handle_batch`, which forms the batch and calls
+:meth:`jobfence.runtime.harness.Harness.handle_batch`, which forms the batch and calls
 :func:`run_batch`. Per job, the guarantees of the single path hold: a failing job rolls back
 alone (its fence removed, its retry or dead letter written in the same transaction), and a
 job that ends the transaction or takes transaction-wide state costs the batch a re-run, one
@@ -18,10 +18,11 @@ from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from . import fence, letters
-from .db import BatchLost, Tx
-from .errors import error_code
-from .jobs import Delivery, Job
+from ..core import fence
+from ..core.jobs import Delivery, Job
+from ..db import BatchLost, Tx
+from ..errors import error_code
+from ..review import letters
 
 if TYPE_CHECKING:
     from .harness import Consumer, Harness
@@ -30,7 +31,7 @@ log = logging.getLogger("jobfence.harness")
 
 
 class Outcome(enum.Enum):
-    """What became of one delivery (re-exported by :mod:`jobfence.harness`)."""
+    """What became of one delivery (re-exported by :mod:`jobfence.runtime.harness`)."""
 
     PROCESSED = "processed"
     DUPLICATE = "duplicate"

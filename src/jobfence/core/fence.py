@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
-from .db import Row, Tx, WorkSource
+from ..db import Row, Tx, WorkSource
 from .jobs import Delivery
 from .retry import RetryPolicy
 

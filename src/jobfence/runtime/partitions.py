@@ -5,7 +5,7 @@ fences arrive, and an expired day goes whole.
 default partition (``9_fence_partitions.sql``). A worker's maintenance creates the days that
 new fences will expire on (:func:`add_days`, from the fence TTL, a day before to two days
 after) every round; a fence whose day does not exist yet lands in the default partition, so
-an insert never fails. Cleanup (:mod:`jobfence.cleanup`) drops a day once every fence in it
+an insert never fails. Cleanup (:mod:`jobfence.runtime.cleanup`) drops a day once every fence in it
 expired more than ``min_age`` ago (:func:`drop_day`), after moving out the fences SPEC T2
 keeps, and deletes the default partition's expired fences in batches.
 
@@ -22,8 +22,8 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from .db import Database, Tx
-from .errors import Category, classify
+from ..db import Database, Tx
+from ..errors import Category, classify
 
 log = logging.getLogger("jobfence.cleanup")
 

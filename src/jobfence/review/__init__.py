@@ -1,0 +1,1 @@
+"""Review: dead letters, their search and actions, replays, discards, job control and counts."""

@@ -1,0 +1,1 @@
+"""The runtime: the worker, the harness and its batch runner, and the background duties."""
