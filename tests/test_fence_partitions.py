@@ -217,3 +217,31 @@ async def test_a_worker_creates_the_days_ahead_and_fences_its_jobs_there(pg_ledg
         f"core.processed_jobs_p{day:%Y%m%d}",
         f"core.processed_jobs_p{(day + timedelta(minutes=1)):%Y%m%d}",  # around midnight
     }
+
+
+async def test_parallel_deliveries_racing_the_creation_of_their_day_fence_once(
+    pg_database: str,
+) -> None:
+    """The day new fences expire on is created while 16 deliveries of one job_id fence it
+    (the first ones land in the default partition and move): one fence, one True, each of 15
+    rounds. (With the new day attached under a lock on the default partition only, a
+    delivery planned without the day missed the moved fence: two fences every round.)"""
+    rng = random.Random(2027)
+    async with opened(pg_database, size=17) as db:
+        for n in range(15):
+            ttl = timedelta(days=100 + n, hours=1)
+
+            async def deliver() -> bool:
+                await asyncio.sleep(rng.random() * 0.05)
+                return await fence_once(db, f"race-{n}", ttl)  # noqa: B023
+
+            async def make_day() -> int:
+                await asyncio.sleep(rng.random() * 0.05)
+                return await add_days(db, ttl)  # noqa: B023
+
+            *fenced, made = await asyncio.gather(*(deliver() for _ in range(16)), make_day())
+            assert (sum(fenced), made > 0) == (1, True)
+    rows = await query(
+        pg_database, "SELECT count(*), count(DISTINCT job_id) FROM core.processed_jobs"
+    )
+    assert rows == [(15, 15)]

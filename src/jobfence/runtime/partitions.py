@@ -49,7 +49,7 @@ async def add_days(db: Database, ttl: timedelta, now: datetime | None = None) ->
         rows = await tx.q("fence_partitions_add", {"first": first, "last": last})
     made = int(rows[0]["made"])
     if made:
-        log.info("fence partitions created", extra={"created": made, "last_day": str(last)})
+        log.info("fence partitions created", extra={"partitions": made, "last_day": str(last)})
     return made
 
 

@@ -67,10 +67,12 @@ $$;
 
 -- Creates the day partitions (UTC days) from first_day to last_day that do not exist yet; a
 -- day some partition already covers is skipped. Fences of a new day that sit in the default
--- partition move into it. Waits at most 1 s for its locks (then fails: the next round tries
--- again). Returns how many partitions it created.
+-- partition move into it. Holds the whole table for the few milliseconds it takes. Waits at most 1 s for its locks (then fails: the next round tries
+-- again). Returns how many partitions it created. SECURITY DEFINER: creating a partition
+-- needs the owner's rights, and an application role without them (docs/dead-letters.md)
+-- still keeps its days.
 CREATE FUNCTION core.fence_partitions_add(first_day date, last_day date)
-RETURNS integer LANGUAGE plpgsql AS $$
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     day date;
     lo timestamptz;
@@ -85,7 +87,11 @@ BEGIN
         CONTINUE WHEN EXISTS (SELECT 1 FROM core.fence_partitions() AS p
                               WHERE NOT p.is_default AND p.lower_bound < hi AND p.upper_bound > lo);
         part := 'processed_jobs_p' || to_char(day, 'YYYYMMDD');
-        LOCK TABLE core.processed_jobs_default IN ACCESS EXCLUSIVE MODE;
+        -- The whole table, not just the default partition: a fence statement that planned
+        -- without the new day while its fence moves there would look in the old days only
+        -- (seen: two fences of one key). Under this lock a fence's look sees the days before
+        -- or after, never a mix.
+        LOCK TABLE core.processed_jobs IN ACCESS EXCLUSIVE MODE;
         EXECUTE format('CREATE TABLE core.%I (LIKE core.processed_jobs INCLUDING DEFAULTS '
                        'INCLUDING CONSTRAINTS)', part);
         EXECUTE format('WITH moved AS (DELETE FROM core.processed_jobs_default '
@@ -104,9 +110,11 @@ END $$;
 -- keep (SPEC T2: a letter pending review or replayed within min_age, a job still retrying)
 -- to expire a day after moment. Waits at most 1 s for its locks. Returns nothing when no
 -- partition is due; else its name, its fences (the planner's count, exact when never
--- analysed) less the kept ones, and the kept ones.
+-- analysed) less the kept ones, and the kept ones. SECURITY DEFINER, as above (a role that
+-- may delete fences may drop expired ones).
 CREATE FUNCTION core.fence_partition_drop(moment timestamptz, min_age double precision)
-RETURNS TABLE (dropped text, fences bigint, kept bigint) LANGUAGE plpgsql AS $$
+RETURNS TABLE (dropped text, fences bigint, kept bigint) LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     part record;
     horizon timestamptz := moment - make_interval(secs => min_age);
@@ -122,6 +130,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('lock_timeout', '1s', true);
+    LOCK TABLE core.processed_jobs IN ACCESS EXCLUSIVE MODE;  -- as in fence_partitions_add
     UPDATE core.processed_jobs AS p SET expires_at = moment + interval '1 day'
     FROM core.dead_letters AS d
     WHERE d.job_id = p.job_id AND d.consumer = p.consumer
@@ -147,8 +156,10 @@ BEGIN
 END $$;
 
 -- The fences counted for the gauge: each partition's planner estimate, counted when it was
--- never analysed (a partition made today).
-CREATE FUNCTION core.fence_count() RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+-- never analysed (a partition made today). SECURITY DEFINER: the day partitions belong to
+-- the owner, and the gauge is read by the application role.
+CREATE FUNCTION core.fence_count() RETURNS bigint LANGUAGE plpgsql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     part record;
     total bigint := 0;
