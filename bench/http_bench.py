@@ -248,3 +248,38 @@ if __name__ == "__main__":
     import sys
 
     print(json.dumps(http_ingestion(float(sys.argv[1]) if len(sys.argv) > 1 else 3.0), indent=1))
+
+
+def issue27_targets(results: Any, verdict: Any) -> list[tuple[str, str, str]]:
+    """Issue 27 §1: the keyed POST against the same work written by hand, at 16 and 64
+    connections; the replay of a stored response; two server processes; the middleware's
+    own CPU. Each against its baseline from the same run."""
+    out: list[tuple[str, str, str]] = []
+
+    def median(workload: str, label: str) -> float | None:
+        row = results.get(workload, label)
+        return float(row.median) if row is not None and row.values else None
+
+    def ratio(workload: str, a: str, b: str) -> float | None:
+        x, y = median(workload, a), median(workload, b)
+        return x / y if x is not None and y else None
+
+    rps, cpu, p99 = "HTTP requests/s", "HTTP server CPU", "HTTP p99"
+    checks = [
+        (rps, PO_POST, HAND_POST, "keyed POST ≥ 1.2× the hand-written one's requests/s", 1.2, True),
+        (cpu, PO_POST, HAND_POST, "keyed POST ≤ 0.8× the hand-written one's CPU/req", 0.8, False),
+        (rps, PO_REPLAY, PO_POST, "replay of a stored response ≥ 3× a fresh POST", 3.0, True),
+        (rps, PO_POST_2P, PO_POST, "two server processes ≥ 1.6× one", 1.6, True),
+        (cpu, MW_POST, BARE_POST, "middleware alone ≤ +25 % CPU/request", 1.25, False),
+    ]  # fmt: skip
+    for workload, a, b, target, limit, higher in checks:
+        x = ratio(workload, a, b)
+        if x is not None:
+            ok = x >= limit if higher else x <= limit
+            out.append((f"HTTP: {target}", f"{x:.2f}×", verdict(ok)))
+    for label, conns in ((PO_POST, 16), (PO_POST_64, 64)):
+        value = median(p99, label)
+        if value is not None:
+            target = f"HTTP: keyed POST p99 < 50 ms at {conns} connections"
+            out.append((target, f"{value:.1f} ms", verdict(value < 50)))
+    return out
