@@ -245,3 +245,13 @@ async def test_parallel_deliveries_racing_the_creation_of_their_day_fence_once(
         pg_database, "SELECT count(*), count(DISTINCT job_id) FROM core.processed_jobs"
     )
     assert rows == [(15, 15)]
+
+
+async def test_workers_making_the_same_days_at_once_make_each_once(pg_database: str) -> None:
+    """Every worker's maintenance makes the days ahead: four at once make each day once, and
+    none fails (the one that waited for the lock finds the day made)."""
+    async with opened(pg_database, size=4) as db:
+        made = await asyncio.gather(*(add_days(db, timedelta(days=7)) for _ in range(4)))
+    first, last = days_for(timedelta(days=7), datetime.now(UTC))
+    assert sum(made) == (last - first).days + 1
+    assert len(await day_partitions(pg_database)) == (last - first).days + 1

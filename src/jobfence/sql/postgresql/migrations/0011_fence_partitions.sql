@@ -140,6 +140,9 @@ BEGIN
         -- (seen: two fences of one key). Under this lock a fence's look sees the days before
         -- or after, never a mix.
         LOCK TABLE core.processed_jobs IN ACCESS EXCLUSIVE MODE;
+        -- another worker may have made it while this one waited for the lock
+        CONTINUE WHEN EXISTS (SELECT 1 FROM core.fence_partitions() AS p
+                              WHERE NOT p.is_default AND p.lower_bound < hi AND p.upper_bound > lo);
         EXECUTE format('CREATE TABLE core.%I (LIKE core.processed_jobs INCLUDING DEFAULTS '
                        'INCLUDING CONSTRAINTS)', part);
         EXECUTE format('WITH moved AS (DELETE FROM core.processed_jobs_default '
