@@ -1,7 +1,7 @@
 # jobfence's image: the worker (default) and `jobfence ops serve` (the ops API and console),
 # `jobfence relay` and `jobfence migrate`, from one image. docs/deployment.md walks through it;
-# tests/deploy/test_dockerfile.py checks the rules below (a pinned base, a non-root user, no
-# ADD of URLs, a HEALTHCHECK).
+# tests/deploy/test_manifests.py lints it with hadolint and checks the rules below (a pinned base,
+# a non-root user, no ADD of URLs, a HEALTHCHECK).
 #
 #   docker build -t jobfence:dev .
 #   docker run --rm -e JOBFENCE_DATABASE_URL=postgresql://… jobfence:dev                # a worker

@@ -43,6 +43,7 @@ DURATION_FLAGS = {
     ("ops serve", "--session-ttl"),
     ("worker", "--liveness-timeout"),
     ("relay", "--liveness-timeout"),
+    ("migrate", "--wait"),
 }
 #: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
 #: and the demo, which runs on a temporary database of its own

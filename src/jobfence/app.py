@@ -132,6 +132,9 @@ class App:
         self.lease = lease
         self.payload_limit = payload_limit
         self.auto_migrate = self.url.dialect == "sqlite" if auto_migrate is None else auto_migrate
+        #: SQLite: how long a write waits for the file's one write lock before it fails with
+        #: DatabaseLocked (None: 30 s). Short commands of the CLI bound it (docs/operations.md)
+        self.lock_timeout: float | None = None
         self.consumers: dict[str, Consumer] = {}
         self._extra_observers = list(observers)
         #: OpenTelemetry spans and trace context (docs/tracing.md): None without the ``otel``
@@ -320,7 +323,7 @@ class App:
         async with self._open_lock:
             if self._db is not None:
                 return
-            db = connect(self.url)
+            db = connect(self.url, lock_timeout=self.lock_timeout)
             await db.open(max_size=pool_size)
             try:
                 await self._prepare(db)
@@ -357,7 +360,7 @@ class App:
             return DatabaseQueue(
                 db, shares_database=True, lease=self.lease, worker_id=self.worker_id
             )
-        other = connect(parse_database_url(spec))
+        other = connect(parse_database_url(spec), lock_timeout=self.lock_timeout)
         await other.open(max_size=pool_size)
         self._owned.append(other)
         await self._prepare(other)
@@ -385,7 +388,7 @@ class App:
 
     async def migrate(self) -> list[int]:
         """Apply pending migrations to the database (idempotent); return what was applied."""
-        db = connect(self.url)
+        db = connect(self.url, lock_timeout=self.lock_timeout)
         await db.open(max_size=1)
         try:
             return await Store(db).migrate()

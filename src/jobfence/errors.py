@@ -6,6 +6,7 @@ The tree::
     ├── ConfigurationError             bad settings, bad URLs, bad policies (refused up front)
     │   └── MissingExtra               an optional dependency is not installed (also ImportError)
     ├── DatabaseUnavailable            the database cannot be reached (retryable for jobs)
+    │   └── DatabaseLocked             SQLite: another connection held the write lock too long
     ├── EnqueueError                   a job that cannot be enqueued (bad job_id, unknown queue…)
     ├── SchemaError                    the database is missing or behind its migrations
     ├── ReviewConflict                 a dead-letter action lost a race or hit the wrong state
@@ -150,6 +151,14 @@ class DatabaseUnavailable(JobfenceError):
     """The database could not be reached; the message names it (without its password)."""
 
 
+class DatabaseLocked(DatabaseUnavailable):
+    """SQLite: the write lock (one per file) was not released within the lock timeout — on
+    SQLite a running job's transaction holds it until its handler returns. Nothing was
+    changed; the message says so and what to do."""
+
+    code = "DB_LOCKED"
+
+
 class EnqueueError(JobfenceError):
     """A job that cannot be enqueued as given."""
 
@@ -278,10 +287,30 @@ def classify(exc: BaseException) -> Category:
     return Category.TECHNICAL_ERROR
 
 
+Coder = Callable[[BaseException], "str | None"]
+_coders: list[Coder] = []
+
+
+def register_coder(coder: Coder) -> None:
+    """Let a driver or an ORM name the jobfence code of its exceptions (``DB_LOCKED``,
+    ``TX_ABORTED``…; None: not mine), so that a dead letter never carries a library's
+    internal code (SQLAlchemy's ``e3q8``)."""
+    if coder not in _coders:
+        _coders.append(coder)
+
+
 def error_code(exc: BaseException) -> str | None:
-    """A short code for the dead letter: the handler's own, else the exception's class name."""
+    """A short code for the dead letter: the handler's own (a :class:`HandlerError`'s
+    ``code``), else jobfence's code for a driver's or an ORM's error (translated at the edge,
+    see :func:`register_coder`), else the exception's class name."""
+    if isinstance(exc, HandlerError) and exc.code:
+        return exc.code
+    for coder in _coders:
+        found = coder(exc)
+        if found is not None:
+            return found
     code = getattr(exc, "code", None)
-    if isinstance(code, str) and code:
+    if not isinstance(exc, HandlerError) and isinstance(code, str) and code:
         return code
     sqlstate = getattr(exc, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate:

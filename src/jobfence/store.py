@@ -55,7 +55,14 @@ class Store:
     # -- migrations -------------------------------------------------------------------------
 
     async def migrate(self) -> list[int]:
-        """Apply pending migrations; return the versions applied. Safe to run concurrently."""
+        """Apply pending migrations; return the versions applied. Safe to run concurrently.
+
+        A schema already at this code's version is checked read-only first: on SQLite the
+        write lock (held by a running job's transaction for as long as its handler works) is
+        taken only when there is something to apply, so a command that only reads never
+        waits for it."""
+        if await self.schema_version() == len(migrations(self.dialect, self.db.url.schema)):
+            return []
         applied: list[int] = []
         async with self.db.transaction() as tx:
             if self.dialect == "postgresql":

@@ -363,7 +363,9 @@ async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:
     assert "jobfence_alert_deliveries_pending" in metrics.text
     assert sorted(spec["paths"]) == [
         "/healthz",
+        "/livez",
         "/metrics",
+        "/readyz",
         "/v1/audit",
         "/v1/dead-letters",
         "/v1/dead-letters/{letter_id}",

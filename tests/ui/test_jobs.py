@@ -31,10 +31,12 @@ async def test_cancel_a_retrying_job(console: Console) -> None:
     await page.click(f"a[href='/ui/jobs/{ids['m-1']}']")
     await expect(page.locator("pre.trace")).to_contain_text("Traceback (most recent call last)")
     await console.shot(page, "job")
+    await page.fill("form[action$='/cancel'] input[name=reason]", "  ")  # blank: refused
     await page.click("form[action$='/cancel'] button")
     await expect(page.locator(".flash.error")).to_contain_text("reason")
+    await expect(page.locator("h1")).to_contain_text("m-1")  # the job stays on screen
+    await expect(page.locator("pre.trace")).to_contain_text("Traceback")
     assert await scalar(url, "SELECT count(*) FROM core.jobs WHERE job_id = 'm-1'") == 1
-    await page.goto(f"/ui/jobs/{ids['m-1']}")
     await page.fill("form[action$='/cancel'] input[name=reason]", "customer withdrew, OPS-9")
     await page.click("form[action$='/cancel'] button")
     await expect(page.locator("h1 .badge")).to_have_text("discarded")
@@ -176,6 +178,10 @@ async def test_bulk_discard_with_preview_and_reason(console: Console) -> None:
     await page.goto("/ui/dead-letters?queue=exports")
     await page.click("button[value=filter]:has-text('Discard all matching')")
     await expect(page.locator("#total")).to_have_text("5")
+    await expect(page.locator("table.grid").first.locator("tbody tr")).to_have_text(
+        ["exports TEMPORARY_ERROR 5"], use_inner_text=True
+    )
+    assert sorted(await page.locator("td.mono").all_inner_texts()) == [f"x-{i}" for i in range(5)]
     await console.shot(page, "bulk-discard-preview")
     await page.click("text=Confirm: discard 5 letters")
     await expect(page.locator(".flash.error")).to_contain_text("reason")

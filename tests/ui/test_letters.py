@@ -111,6 +111,22 @@ async def test_replay_one_letter(console: Console) -> None:
     (letter,) = await seed_letters(console.database_url, [letter_params("postgresql", "o-1")])
     page = await console.signed_in(console.tokens.operator)
     await page.goto(f"/ui/dead-letters/{letter}")
+    facts = dict(
+        zip(
+            await page.locator("dl.facts dt").all_inner_texts(),
+            await page.locator("dl.facts dd").all_inner_texts(),
+            strict=True,
+        )
+    )
+    assert {k: facts[k] for k in ("Queue", "Consumer", "Job id", "Category", "Attempts")} == {
+        "Queue": "points.credit",
+        "Consumer": "points.credit",
+        "Job id": "o-1",
+        "Category": "TEMPORARY_ERROR TemporaryError",
+        "Attempts": "6",
+    }
+    await expect(page.locator("pre.error").first).to_have_text("TemporaryError: ERP answered 503")
+    await expect(page.locator("pre.payload")).to_contain_text('"member_id": "o-1"')
     await console.shot(page, "letter")
     await page.fill("form[action$='/replay'] input[name=reason]", "ERP is back")
     await page.click("form[action$='/replay'] button")
@@ -124,17 +140,18 @@ async def test_replay_one_letter(console: Console) -> None:
         console.database_url,
         "SELECT actor, via, action, reason FROM core.audit_log WHERE dead_letter_id = %s",
         (letter,),
-    ) == [("otto", "api", "dead_letter.replay", "ERP is back")]
+    ) == [("otto", "console", "dead_letter.replay", "ERP is back")]
 
 
 async def test_discard_needs_a_reason(console: Console) -> None:
     (letter,) = await seed_letters(console.database_url, [letter_params("postgresql", "d-1")])
     page = await console.signed_in(console.tokens.operator)
     await page.goto(f"/ui/dead-letters/{letter}")
+    await page.fill("form[action$='/discard'] input[name=reason]", " ")
     await page.click("form[action$='/discard'] button")
     await expect(page.locator(".flash.error")).to_contain_text("a discard needs a reason")
+    await expect(page.locator("h1")).to_have_text(f"Dead letter {letter} pending_review")
     assert await status_of(console, letter) == "pending_review"
-    await page.goto(f"/ui/dead-letters/{letter}")
     await page.fill("form[action$='/discard'] input[name=reason]", "order cancelled, OPS-7")
     await page.click("form[action$='/discard'] button")
     await expect(page.locator("h1 .badge")).to_have_text("discarded")
@@ -146,18 +163,45 @@ async def test_discard_needs_a_reason(console: Console) -> None:
 
 
 async def test_bulk_replay_preview_confirm_done(console: Console) -> None:
-    """Replay everything a filter matches: the preview shows the total and changes nothing;
-    the confirmation runs it; the page follows it to done; the database agrees."""
+    """Replay everything a filter matches: the preview shows the total, the breakdown by
+    queue and category, how many are already applied, and the letters themselves (ids,
+    queues, job ids), and changes nothing; the confirmation runs it; the page follows it to
+    done; the database agrees."""
     url = console.database_url
-    await seed_letters(
+    ids = await seed_letters(
         url,
-        [letter_params("postgresql", f"b-{i}", queue="bulk") for i in range(7)]
+        [letter_params("postgresql", f"b-{i}", queue="bulk") for i in range(5)]
+        + [
+            letter_params("postgresql", f"b-{i}", queue="bulk", category="VALIDATION_ERROR")
+            for i in (5, 6)
+        ]
         + [letter_params("postgresql", "other-1", queue="other")],
+    )
+    await query(  # b-0 was applied meanwhile: its fence exists
+        url,
+        "INSERT INTO core.processed_jobs (consumer, job_id, processed_at, expires_at) "
+        "VALUES ('bulk', 'b-0', now(), now() + interval '1 day')",
     )
     page = await console.signed_in(console.tokens.operator)
     await page.goto("/ui/dead-letters?queue=bulk")
     await page.click("button[value=filter]:has-text('Replay all matching')")
     await expect(page.locator("#total")).to_have_text("7")
+    rows = page.locator("#breakdown tbody tr")
+    await expect(rows).to_have_count(2)
+    assert [t.split("\t") for t in await rows.all_inner_texts()] == [
+        ["bulk", "TEMPORARY_ERROR", "5", "1", "0"],
+        ["bulk", "VALIDATION_ERROR", "2", "0", "0"],
+    ]
+    await expect(page.locator("#applied")).to_have_text(
+        "1 of them was applied meanwhile (the job_id is fenced): marked replayed without "
+        "being republished."
+    )
+    letters = page.locator("#replay-items tbody tr")
+    await expect(letters).to_have_count(7)
+    assert await letters.locator("td.mono").all_inner_texts() == [f"b-{i}" for i in range(7)]
+    links = await letters.locator("a").evaluate_all("els => els.map(e => e.textContent)")
+    assert links == [str(i) for i in ids[:7]]
+    await expect(page.locator("nav a")).to_have_count(7)  # the navigation is intact too
     await console.shot(page, "bulk-replay-preview")
     assert await scalar(url, "SELECT count(*) FROM core.jobs") == 0
     await page.fill("input[name=rate]", "4")  # slow enough to watch it run
@@ -166,13 +210,14 @@ async def test_bulk_replay_preview_confirm_done(console: Console) -> None:
     await page.evaluate("window.sameDocument = true")  # progress comes without a reload
     await expect(page.locator("#replay-state")).to_have_text("done", timeout=20_000)
     assert await page.evaluate("window.sameDocument") is True
-    await expect(page.locator("td[data-outcome=published]")).to_have_text("7")
+    await expect(page.locator("td[data-outcome=published]")).to_have_text("6")
+    await expect(page.locator("td[data-outcome=already_applied]")).to_have_text("1")
     await console.shot(page, "bulk-replay-done")
     assert await query(
         url,
         "SELECT queue, status, count(*) FROM core.dead_letters GROUP BY 1, 2 ORDER BY 1",
     ) == [("bulk", "replayed", 7), ("other", "pending_review", 1)]
-    assert await scalar(url, "SELECT count(*) FROM core.jobs WHERE queue = 'bulk'") == 7
+    assert await scalar(url, "SELECT count(*) FROM core.jobs WHERE queue = 'bulk'") == 6
 
 
 async def test_bulk_replay_of_selected_letters(console: Console) -> None:
@@ -185,6 +230,10 @@ async def test_bulk_replay_of_selected_letters(console: Console) -> None:
         await page.check(f"input[name=ids][value='{letter}']")
     await page.click("button[value=selected]:has-text('Replay selected')")
     await expect(page.locator("#total")).to_have_text("2")
+    await expect(page.locator("#breakdown tbody tr")).to_have_text(
+        ["points.credit TEMPORARY_ERROR 2 0 0"], use_inner_text=True
+    )
+    assert await page.locator("#replay-items td.mono").all_inner_texts() == ["s-0", "s-1"]
     await page.click("text=Confirm: replay 2 letters")
     await expect(page.locator("#replay-state")).to_have_text("done", timeout=20_000)
     assert await query(

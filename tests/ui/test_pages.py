@@ -58,10 +58,23 @@ async def test_audit_log_filters(console: Console) -> None:
     await page.click("form[action$='/replay'] button")
     await page.goto("/ui/audit")
     await expect(page.locator("table.audit tbody tr")).to_have_count(2)
+    assert await page.locator("table.audit td.subject").all_inner_texts() == [
+        f"dead letter {b}",
+        f"dead letter {a}",
+    ]
+    assert await page.locator("table.audit td.via").all_inner_texts() == ["console", "console"]
     await page.fill("input[name=action]", "dead_letter.discard")
     await page.click("form.filters button[type=submit]")
     await expect(page.locator("table.audit tbody tr")).to_have_count(1)
-    await expect(page.locator("table.audit")).to_contain_text("duplicate")
+    cells = await page.locator("table.audit tbody tr td").all_inner_texts()
+    assert [c.strip() for c in cells[1:]] == [
+        "otto",
+        "console",
+        "dead_letter.discard",
+        f"dead letter {a}",
+        "pending_review → discarded",
+        "duplicate",
+    ]
     await page.fill("input[name=action]", "dead_letter.")
     await page.fill("input[name=actor]", "otto")
     await page.click("form.filters button[type=submit]")
@@ -93,7 +106,7 @@ async def test_outbox_states_and_redrive(console: Console) -> None:
     await page.fill("input[name=reason]", "broker back")
     await console.shot(page, "outbox")
     await page.click("text=Re-drive selected")
-    await expect(page.locator(".flash.ok")).to_contain_text("1 events re-driven")
+    await expect(page.locator(".flash.ok")).to_have_text("1 event re-driven")
     assert await query(url, "SELECT event_id, state FROM core.outbox ORDER BY id") == [
         ("ev-1", "PENDING"),
         ("ev-2", "PUBLISH_FAILED_RETRY"),
@@ -143,18 +156,20 @@ async def test_the_console_over_sqlite(sqlite_database: str) -> None:
         async with httpx.AsyncClient(base_url=base, headers={"Origin": base}) as client:
             signin = await client.post("/ui/login", data={"token": tokens.operator})
             assert signin.status_code == 303
-            for path in (
-                "/ui/",
-                "/ui/dead-letters",
-                f"/ui/dead-letters/{letter}",
-                "/ui/jobs",
-                "/ui/queues",
-                "/ui/outbox",
-                "/ui/audit?action=dead_letter.&since=2000-01-01T00:00",
-                "/ui/api",
+            for path, shown in (
+                ("/ui/", ['data-queue="mail"', 'data-queue="points.credit"']),
+                ("/ui/dead-letters", ["lite-1", "TEMPORARY_ERROR"]),
+                (f"/ui/dead-letters/{letter}", ["lite-1", "ERP answered 503", " UTC<"]),
+                ("/ui/jobs", ['data-job="j-1"', ">waiting<"]),
+                ("/ui/queues", ['data-queue="mail"']),
+                ("/ui/outbox", ["Outbox"]),
+                ("/ui/audit?action=dead_letter.&since=2000-01-01T00:00", ["Nothing recorded"]),
+                ("/ui/api", ["swagger-ui"]),
             ):
                 r = await client.get(path)
                 assert r.status_code == 200, (path, r.text[:500])
+                for text in shown:
+                    assert text in r.text, (path, text)
             csrf = re.search(r'name="csrf" value="([^"]+)"', r.text)
             assert csrf
             r = await client.post(
@@ -166,8 +181,12 @@ async def test_the_console_over_sqlite(sqlite_database: str) -> None:
                 data={"reason": "dup", "csrf": csrf.group(1)},
             )
             assert r.status_code == 303
+            audit = await client.get("/ui/audit")
+            assert "dead letter " + str(letter) in audit.text
+            assert '<td class="via">console</td>' in audit.text
     await app.close()
     assert await scalar(url, "SELECT status FROM core_dead_letters") == "discarded"
+    assert await scalar(url, "SELECT via FROM core_audit_log") == "console"
 
 
 async def test_a_session_expires(pg_database: str) -> None:

@@ -85,6 +85,8 @@ def misbehave(job: Job[dict[str, Any]], tx: DjangoTx, then: str | None) -> None:
                 raise BusinessError("undo this part only")
         except BusinessError:
             pass
+    elif then == "second-alias":  # a write through another alias of the same database
+        Credit.objects.using("again").create(job_id=f"{job.job_id}-again", member_id="m", points=0)
     elif then == "follow-up":
         app.enqueue_sync("points.audit", {"of": job.job_id}, job_id=f"audit-{job.job_id}")
 

@@ -39,3 +39,10 @@ def _database(url: str) -> dict[str, object]:
 
 
 DATABASES = {"default": _database(os.environ.get("SHOP_DATABASE_URL", "sqlite:///shop.db"))}
+if os.environ.get("SHOP_SECOND_ALIAS"):
+    # the tests' second alias of the same database: what a handler must not write through
+    # (on SQLite it waits for the job's own write lock; on PostgreSQL it commits on its own,
+    # outside the job's fence — docs/integrations/django.md)
+    DATABASES["again"] = dict(DATABASES["default"])
+    if DATABASES["again"]["ENGINE"].endswith("sqlite3"):
+        DATABASES["again"]["OPTIONS"] = {"timeout": 2}

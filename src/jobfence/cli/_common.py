@@ -108,18 +108,26 @@ def database_url_option(func: F) -> F:
     )(func)
 
 
+#: SQLite: how long a command that is not a long-running process (worker, relay, ops serve)
+#: waits for the file's one write lock before it says, in one line, that it is locked
+CLI_LOCK_TIMEOUT = 5.0
+
+
 def make_app(
     database_url: str | None,
     transport: str | None = None,
     *,
     app_spec: str | None = None,
     create: bool = False,
+    long_running: bool = False,
 ) -> App:
     """The App a command works on: ``--app`` (or the command's APP argument) with
     ``--database-url``/``--schema``/``--transport`` overriding what it says; else a bare App
     on ``--database-url``. With neither, one line naming the three ways to give a database:
     outside ``jobfence demo`` no command falls back to a SQLite file of its own. Unless
-    ``create``, a SQLite file must already exist (a typo must not start an empty store)."""
+    ``create``, a SQLite file must already exist (a typo must not start an empty store).
+    Unless ``long_running``, a write waits at most :data:`CLI_LOCK_TIMEOUT` for SQLite's write
+    lock (a running job holds it), then fails in one line (never a traceback)."""
     ctx = click.get_current_context(silent=True)
     meta = ctx.meta if ctx is not None else {}
     spec = app_spec or meta.get("jobfence.app")
@@ -133,6 +141,8 @@ def make_app(
         raise click.UsageError(NO_DATABASE)
     if transport:
         app.use_transport(transport)
+    if not long_running:
+        app.lock_timeout = CLI_LOCK_TIMEOUT
     if not create and app.url.dialect == "sqlite" and not app.url.path.exists():
         raise click.ClickException(
             f"no SQLite database at {app.url.path} (from {app.url.display}); create it with "
@@ -392,8 +402,10 @@ def json_option(func: F) -> F:
 
 
 @asynccontextmanager
-async def _opened(database_url: str | None, transport: str | None = None) -> AsyncIterator[App]:
-    app = make_app(database_url, transport)
+async def _opened(
+    database_url: str | None, transport: str | None = None, *, long_running: bool = False
+) -> AsyncIterator[App]:
+    app = make_app(database_url, transport, long_running=long_running)
     async with app:
         yield app
 

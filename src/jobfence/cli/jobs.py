@@ -13,6 +13,7 @@ import click
 from ..app import App
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, check_schema_name
 from ..core.jobs import check_job_id, check_queue
+from ..errors import DatabaseUnavailable
 from ..sql import DEFAULT_SCHEMA, Dialect
 from ._common import (
     ENV_APP,
@@ -55,24 +56,62 @@ from ._common import (
     show_default=True,
     help="With --sql: only migrations after this schema version.",
 )
+@click.option(
+    "--wait",
+    type=Duration(minimum=timedelta(0)),
+    default="0s",
+    show_default=True,
+    help="Wait up to this long for the database to accept connections (it is starting: a "
+    "Kubernetes init container, a compose stack), then migrate; past it, fail.",
+)
 @json_option
 def migrate(
-    database_url: str | None, print_sql: bool, dialect: str | None, after: int, as_json: bool
+    database_url: str | None,
+    print_sql: bool,
+    dialect: str | None,
+    after: int,
+    wait: timedelta,
+    as_json: bool,
 ) -> None:
     """Create or upgrade jobfence's tables (idempotent), or print them as SQL (--sql)."""
     if print_sql:
+        if wait:
+            raise click.UsageError("--wait needs a database; --sql prints without one")
         click.echo(_migration_sql(database_url, dialect, after), nl=False)
         return
     if dialect is not None or after:
         raise click.UsageError("--dialect and --after go with --sql")
     app = make_app(database_url, create=True)
-    applied = run(app.migrate())
+    applied = run(_migrate_when_reachable(app, wait))
     if as_json:
         _emit({"database": app.url.display, "schema": app.url.schema, "applied": applied})
     elif applied:
         console.print(f"applied migrations {', '.join(map(str, applied))} to {app.url.display}")
     else:
         console.print(f"{app.url.display} is up to date")
+
+
+async def _migrate_when_reachable(app: App, wait: timedelta) -> list[int]:
+    """``app.migrate()``, retried every 2 s while the database cannot be reached, for up to
+    ``wait``; then the last DatabaseUnavailable stands (one line from main())."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + wait.total_seconds()
+    told = False
+    while True:
+        try:
+            return await app.migrate()
+        except DatabaseUnavailable as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            if not told:
+                click.echo(
+                    f"waiting up to {wait.total_seconds():g} s for the database: {exc}", err=True
+                )
+                told = True
+            await asyncio.sleep(min(2.0, left))
 
 
 def _migration_sql(database_url: str | None, dialect: str | None, after: int) -> str:
@@ -187,7 +226,7 @@ def worker(
     from .. import logs
 
     logs.configure(log_level, log_format)
-    app = make_app(database_url, transport, app_spec=app_spec, create=True)
+    app = make_app(database_url, transport, app_spec=app_spec, create=True, long_running=True)
     w = app.worker(
         queues=_queue_list(queues),
         concurrency=concurrency,

@@ -201,7 +201,7 @@ def ops_serve(
         # Open the App before uvicorn starts: an unreachable or unmigrated database is then
         # a JobfenceError (one line from main()), not a failed lifespan's traceback.
         # The lifespan closes it at shutdown (uvicorn re-raises SIGTERM after that).
-        async with _opened(database_url, transport) as app:
+        async with _opened(database_url, transport, long_running=True) as app:
             api = create_app(
                 max_body=max_body, jobfence_app=app, close_app=True, session_ttl=session_ttl
             )

@@ -115,7 +115,7 @@ def relay(
     logs.configure(log_level, log_format)
     if with_worker and not app_spec:
         raise click.UsageError("--with-worker needs APP (module:attribute) to know the consumers")
-    app: App = make_app(database_url, transport, app_spec=app_spec, create=True)
+    app: App = make_app(database_url, transport, app_spec=app_spec, create=True, long_running=True)
     the_relay = Relay(
         app,
         batch_size=batch_size,

@@ -130,6 +130,12 @@ class TxGuard:
     pipeline: Any = None
     #: the transaction-wide statement a batched job tried (see :func:`wide_statement`)
     isolation: str | None = None
+    #: statements that failed through an ORM session (seen by its own events, which also
+    #: follow its savepoints); counted on both stores
+    orm_failures: list[tuple[int, str]] = field(default_factory=list)
+    #: how the handler rolled back work of a transaction it did not open itself
+    #: (``session.rollback()``, ``transaction.set_rollback(True)``)
+    rolled_back: str | None = None
 
     def screen(self, sql: str) -> None:
         """Refuse a transaction-control statement while the handler runs (and, in a group
@@ -179,6 +185,10 @@ class TxGuard:
             return ended(self.ended)
         if track_failures and self.failures:
             return aborted(self.failures[0][1], caught=True)
+        if self.orm_failures:
+            return aborted(self.orm_failures[0][1], caught=True)
+        if self.rolled_back is not None:
+            return rolled_back(self.rolled_back)
         return None
 
 
@@ -191,6 +201,19 @@ def aborted(error: str | None, *, caught: bool) -> TransactionBoundaryError:
         "Let the error propagate, or run the statement inside `tx.savepoint()` to undo it "
         "alone and carry on",
         code="TX_ABORTED",
+    )
+
+
+def rolled_back(how: str) -> TransactionBoundaryError:
+    """The handler rolled back work of the job's transaction that it had not scoped itself,
+    then returned normally: the job's work vanished, so it must not be fenced as done."""
+    return TransactionBoundaryError(
+        f"the handler rolled back the job's work ({how}) and returned normally; jobfence does "
+        "not fence a job whose work vanished, so nothing was committed and the job fails. "
+        "Raise to fail a job; to undo part of the work on purpose and carry on, do it in a "
+        "savepoint the handler opens itself (`session.begin_nested()`, `tx.savepoint()`, a "
+        "nested `transaction.atomic()`); to do nothing, return without writing",
+        code="TX_ROLLBACK_ONLY",
     )
 
 
@@ -425,6 +448,13 @@ class Database(ABC):
     """
 
     dialect: Dialect
+    #: Check each connection as it leaves the pool (one empty query) and replace a dead one,
+    #: and give up on a checkout after :attr:`checkout_timeout` seconds (DatabaseUnavailable):
+    #: for servers that must outlive a database restart without failing a request on a stale
+    #: connection, and answer "unavailable" quickly while it is down (the ops server). Off by
+    #: default: a worker's transactions do without the extra round trip.
+    check_connections: bool = False
+    checkout_timeout: float = 5.0
 
     def __init__(self, url: DatabaseURL) -> None:
         self.url = url
@@ -496,22 +526,31 @@ class WorkSource(Protocol):
     ) -> AbstractAsyncContextManager[tuple[Tx, list[list[Row]]]]: ...
 
 
-def connect(url: DatabaseURL) -> Database:
-    """A (not yet opened) :class:`Database` for a URL."""
+def connect(url: DatabaseURL, *, lock_timeout: float | None = None) -> Database:
+    """A (not yet opened) :class:`Database` for a URL. ``lock_timeout`` (SQLite): how long a
+    write waits for the file's one write lock before it fails with
+    :class:`~jobfence.errors.DatabaseLocked` (default 30 s)."""
     if url.dialect == "postgresql":
         from .postgres import PostgresDatabase
 
         return PostgresDatabase(url)
     from .sqlite import SQLiteDatabase
 
-    return SQLiteDatabase(url)
+    return SQLiteDatabase(url, lock_timeout=lock_timeout)
 
 
 # the drivers' errors, translated (registers their classifiers with jobfence.errors)
-from .translate import DATA_ERROR, is_data_error, is_unique_violation  # noqa: E402
+from .translate import (  # noqa: E402
+    DATA_ERROR,
+    DRIVER_ERROR,
+    is_connection_lost,
+    is_data_error,
+    is_unique_violation,
+)
 
 __all__ = [
     "DATA_ERROR",
+    "DRIVER_ERROR",
     "BatchLost",
     "Database",
     "Params",
@@ -522,6 +561,7 @@ __all__ = [
     "WorkSource",
     "connect",
     "current_tx",
+    "is_connection_lost",
     "is_data_error",
     "is_unique_violation",
     "to_datetime",

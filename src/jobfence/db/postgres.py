@@ -493,10 +493,31 @@ class PostgresDatabase(Database):
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         try:
-            async with self.pool.connection() as conn:
+            if not self.check_connections:
+                async with self.pool.connection() as conn:
+                    yield conn
+                return
+            conn = await self._checked_out()
+            try:
                 yield conn
+            finally:
+                await self.pool.putconn(conn)
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"no connection to {self.display}: {exc}") from None
+
+    async def _checked_out(self) -> psycopg.AsyncConnection[Any]:
+        """A connection that has just answered (``check_connections``): one the server
+        dropped (a restart) goes back to the pool, which discards and replaces it."""
+        pool = self.pool
+        for _ in range(pool.max_size + 1):
+            conn = await pool.getconn(timeout=self.checkout_timeout)
+            try:
+                await AsyncConnectionPool.check_connection(conn)
+            except psycopg.Error:
+                await pool.putconn(conn)
+                continue
+            return conn
+        raise DatabaseUnavailable(f"no working connection to {self.display}")
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:

@@ -31,13 +31,17 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, LiteralString
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from ..errors import ConfigurationError, EnqueueError, TransactionBoundaryError
 from ..sql import Dialect, queries
-from . import Database, Params, Row, Tx, TxGuard, aborted, ended, refusal
+from . import Database, Params, Row, Tx, TxGuard, aborted, ended
+from .second_writer import lending, watch_sqlalchemy
+from .sqlalchemy_watch import lend as _lend
+from .sqlalchemy_watch import unlend as _unlend
+from .sqlalchemy_watch import watch as _watch
 
 _DRIVERS: dict[str, tuple[Dialect, str]] = {
     # SQLAlchemy dialect name, driver → jobfence dialect, what jobfence adopts
@@ -48,6 +52,7 @@ _DRIVERS: dict[str, tuple[Dialect, str]] = {
 }
 _tokens = itertools.count(1)
 _PID = os.getpid()
+watch_sqlalchemy()  # SQLite: a write through a second engine to the job's file (issue 28)
 
 
 def _kind(engine: Engine | AsyncEngine) -> Dialect:
@@ -118,53 +123,6 @@ def sync_driver_connection(obj: Any) -> Any:
     if not obj.in_transaction():
         obj.begin()
     return obj.connection.driver_connection
-
-
-#: where a lent connection carries its guard (``Connection.info``, the pooled connection's)
-_GUARD = "jobfence.guard"
-
-
-def _watch(engine: Engine) -> None:
-    """Install, once per engine, the listeners that watch a lent connection while a handler
-    runs: transaction control on it is refused (the job fails, whatever the handler does with
-    the error). Engine-wide listeners cost a dictionary lookup on the engine's other
-    connections; listening on each job's ``Connection`` instead cost ~130 µs a job."""
-    if getattr(engine, "_jobfence_watched", False):
-        return
-    event.listen(engine, "commit", _on_commit)
-    event.listen(engine, "rollback", _on_rollback)
-    event.listen(engine, "before_cursor_execute", _on_statement)
-    engine._jobfence_watched = True  # type: ignore[attr-defined]
-
-
-def _lend(conn: Connection, guard: TxGuard) -> None:
-    conn.info[_GUARD] = guard
-
-
-def _unlend(conn: Connection) -> None:
-    with contextlib.suppress(Exception):  # an invalidated connection has no info
-        conn.info.pop(_GUARD, None)
-
-
-def _refuse(conn: Connection, verb: str) -> None:
-    guard: TxGuard | None = conn.info.get(_GUARD)
-    if guard is not None and guard.active:
-        guard.refused = guard.refused or verb
-        raise refusal(verb)
-
-
-def _on_commit(conn: Connection) -> None:
-    _refuse(conn, "COMMIT (connection.commit())")
-
-
-def _on_rollback(conn: Connection) -> None:
-    _refuse(conn, "ROLLBACK (connection.rollback())")
-
-
-def _on_statement(conn: Connection, _cur: Any, statement: str, *_: Any) -> None:
-    guard: TxGuard | None = conn.info.get(_GUARD)
-    if guard is not None:
-        guard.screen(statement)
 
 
 async def _pg_begin(
@@ -289,7 +247,11 @@ class EngineWork:
                 authorizer.guard = guard
                 await driver.set_authorizer(authorizer.authorize)
             try:
-                yield tx, results
+                if self.dialect == "sqlite":
+                    with lending(self.engine.url.database or ""):
+                        yield tx, results
+                else:
+                    yield tx, results
             finally:
                 guard.active = False
                 if authorizer is not None:
@@ -497,7 +459,11 @@ class SessionWork:
             authorizer.guard = guard
             self.driver.set_authorizer(authorizer.authorize)
         try:
-            yield session
+            if sqlite:
+                with lending(self.host.engine.url.database or ""):
+                    yield session
+            else:
+                yield session
         finally:
             guard.active = False
             if sqlite:

@@ -16,9 +16,11 @@ from typing import Any, LiteralString, TypeVar
 
 import aiosqlite
 
-from ..errors import DatabaseUnavailable, TransactionBoundaryError
+from ..errors import DatabaseLocked, DatabaseUnavailable, TransactionBoundaryError
 from . import SAVEPOINT_PREFIX, Database, Params, Row, Tx, TxGuard, ended, refusal
 from .placeholders import for_sqlite
+from .second_writer import lending
+from .translate import is_locked
 
 BUSY_TIMEOUT_MS = 30_000
 T = TypeVar("T")
@@ -172,8 +174,10 @@ def _problem(conn: aiosqlite.Connection, guard: TxGuard) -> TransactionBoundaryE
 class SQLiteDatabase(Database):
     dialect = "sqlite"
 
-    def __init__(self, url: Any) -> None:
+    def __init__(self, url: Any, *, lock_timeout: float | None = None) -> None:
         super().__init__(url)
+        #: how long a write waits for the file's write lock (SQLite's busy timeout), seconds
+        self.lock_timeout = BUSY_TIMEOUT_MS / 1000 if lock_timeout is None else lock_timeout
         self._idle: list[aiosqlite.Connection] = []
         self._all: list[aiosqlite.Connection] = []
         self._lock: asyncio.Lock | None = None
@@ -194,9 +198,9 @@ class SQLiteDatabase(Database):
     async def _new_connection(self) -> aiosqlite.Connection:
         try:
             conn = await aiosqlite.connect(
-                self.url.target, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+                self.url.target, isolation_level=None, timeout=self.lock_timeout
             )
-            await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            await conn.execute(f"PRAGMA busy_timeout = {int(self.lock_timeout * 1000)}")
             await conn.execute("PRAGMA journal_mode = WAL")
             await conn.execute("PRAGMA synchronous = FULL")
             await conn.execute("PRAGMA foreign_keys = ON")
@@ -231,6 +235,16 @@ class SQLiteDatabase(Database):
         finally:
             self._idle.append(conn)
 
+    def locked(self, exc: BaseException) -> DatabaseLocked:
+        """SQLite's "database is locked", for people: what holds the lock, that nothing was
+        changed, and what to do."""
+        return DatabaseLocked(
+            f"the SQLite database {self.display} is locked: another connection held its only "
+            f"write lock for more than {self.lock_timeout:g}s (on SQLite a running job's "
+            "transaction holds it until its handler returns); nothing was changed — try again "
+            f"when that job has finished ({exc})"
+        )
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         async with self.lock, self._connection() as conn:
@@ -238,6 +252,11 @@ class SQLiteDatabase(Database):
                 await conn.execute(_BEGIN)
                 yield SqliteTx(conn, self.sql)
                 await conn.execute(_COMMIT)
+            except sqlite3.Error as exc:
+                await asyncio.shield(_settle(conn))
+                if is_locked(exc):
+                    raise self.locked(exc) from exc
+                raise
             except BaseException:
                 await asyncio.shield(_settle(conn))
                 raise
@@ -255,7 +274,8 @@ class SQLiteDatabase(Database):
                 await conn.execute(_BEGIN)
                 results = [await tx.q(step, params) for step in steps]
                 tx.guard = lent.guard = TxGuard()
-                yield tx, results
+                with lending(self.url.path):
+                    yield tx, results
                 tx.guard.active = False
                 problem = _problem(conn, tx.guard)
                 if problem is not None:
@@ -269,7 +289,12 @@ class SQLiteDatabase(Database):
 
     async def run(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         async with self.lock, self._connection() as conn:
-            return await _named(conn, self.sql[name], params)
+            try:
+                return await _named(conn, self.sql[name], params)
+            except sqlite3.Error as exc:
+                if is_locked(exc):
+                    raise self.locked(exc) from exc
+                raise
 
     async def wakeups(self, channel: str) -> AsyncIterator[str]:
         """SQLite has no notifications across processes; workers poll instead."""

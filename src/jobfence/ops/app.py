@@ -1,10 +1,11 @@
 """The ops HTTP API (SPEC K3): FastAPI over :mod:`jobfence.review.deadletters`, for operators.
 
-Every route but ``/healthz`` needs a bearer token (``jobfence ops token create``); write
-routes need the ``operator`` role; a partner-scoped token sees only its partner's letters and
-gets 404 for anything else. Request bodies over ``max_body`` bytes get 413 before anything
-else happens. Every write goes through a service function that appends an audit row in the
-same transaction. Errors are problem+json: ``{type, title, status, code, detail}``.
+Every route but ``/healthz``, ``/readyz`` and ``/livez`` needs a bearer token (``jobfence
+ops token create``); write routes need the ``operator`` role; a partner-scoped token sees
+only its partner's letters and gets 404 for anything else. Request bodies over ``max_body``
+bytes get 413 before anything else happens. Every write goes through a service function that
+appends an audit row in the same transaction. Errors are problem+json: ``{type, title,
+status, code, detail}``.
 
 :func:`create_app` builds the app: the routes are one router per resource
 (:mod:`jobfence.ops.routes`), sharing :mod:`jobfence.ops.deps` (the App, the principal) and
@@ -48,7 +49,11 @@ def create_app(
     (opened already, so that start-up failures surface before the server starts); the
     lifespan closes it at shutdown only with ``close_app=True`` (default: only its own).
     ``console``: also serve the operators' console under ``/ui`` (:mod:`jobfence.ops.ui`),
-    whose sign-in sessions last ``session_ttl`` at most (default 8 hours; 1 hour idle)."""
+    whose sign-in sessions last ``session_ttl`` at most (default 8 hours; 1 hour idle).
+
+    The server checks each database connection it takes from the pool
+    (``Database.check_connections``, turned on for the app it serves): a connection a
+    database restart left stale is replaced, and an unreachable database answers 503."""
     closes = jobfence_app is None if close_app is None else close_app
     ops = OpsState(
         jobfence_app or App(database_url, transport=transport), f"ops:{default_holder()}"
@@ -58,6 +63,11 @@ def create_app(
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         jf = ops.jobfence
         await jf.open()
+        # a request never fails on a connection a database restart left stale, and an
+        # outage answers 503 within seconds (docs/ops-api.md)
+        jf.db.check_connections = True
+        if jf.transport.queue_db is not None:
+            jf.transport.queue_db.check_connections = True
         api.state.jobfence = jf
         api.state.jobfence_db = jf.db
         try:

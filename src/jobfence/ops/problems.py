@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..db import DATA_ERROR
+from ..db import DATA_ERROR, DRIVER_ERROR, is_connection_lost
 from ..errors import DatabaseUnavailable, InvalidRequest, NotFound, ReviewConflict
 from ..review.deadletters import MAX_ID
 
@@ -35,7 +35,13 @@ _CODES = {
 
 
 def problem(
-    status: int, title: str, detail: str | None = None, *, code: str | None = None, **extra: Any
+    status: int,
+    title: str,
+    detail: str | None = None,
+    *,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
 ) -> JSONResponse:
     body = {
         "type": "about:blank",
@@ -45,7 +51,9 @@ def problem(
         "detail": detail,
         **extra,
     }
-    return JSONResponse(jsonable_encoder(body), status_code=status, media_type=PROBLEM)
+    return JSONResponse(
+        jsonable_encoder(body), status_code=status, media_type=PROBLEM, headers=headers
+    )
 
 
 def install_handlers(api: FastAPI) -> None:
@@ -106,7 +114,25 @@ def install_handlers(api: FastAPI) -> None:
 
     @api.exception_handler(DatabaseUnavailable)
     async def unavailable(request: Request, exc: DatabaseUnavailable) -> JSONResponse:
-        return problem(503, "Database unavailable", str(exc))
+        return problem(503, "Database unavailable", str(exc), headers={"Retry-After": "5"})
+
+    async def driver_error(request: Request, exc: Exception) -> JSONResponse:
+        if is_connection_lost(exc):  # a restart or an outage under a request: try again
+            log.warning("database connection lost", extra={"error": _first(exc)})
+            return problem(
+                503,
+                "Database unavailable",
+                f"the database connection was lost ({_first(exc)}); try again",
+                headers={"Retry-After": "5"},
+            )
+        log.error("database error", exc_info=exc)
+        return problem(500, "Internal Server Error", f"database error ({type(exc).__name__})")
+
+    api.add_exception_handler(DRIVER_ERROR, driver_error)
+
+
+def _first(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _title(status: int) -> str:

@@ -307,7 +307,7 @@ async def redrive(
     all_failed: bool = False,
     queue: str | None = None,
     expected_total: int | None = None,
-    via: Literal["cli", "api", "library"] = "library",
+    via: Literal["cli", "api", "library", "console"] = "library",
 ) -> list[str]:
     """Put ``PUBLISH_FAILED_RETRY`` events back to ``PENDING`` with 5 fresh attempts.
 

@@ -44,7 +44,7 @@ from .letters import DeadLetter, from_row, get_letter
 
 T = TypeVar("T")
 
-Via = Literal["cli", "api", "library"]
+Via = Literal["cli", "api", "library", "console"]
 ItemOutcome = Literal["published", "already_applied", "not_pending", "truncated"]
 #: every item outcome of a replay, in report order (the CLI, the ops API and docs use these)
 ITEM_OUTCOMES: tuple[ItemOutcome, ...] = get_args(ItemOutcome)

@@ -408,12 +408,22 @@ async def list_queues(
     queue_db: Database | None = None,
 ) -> list[QueueInfo]:
     """Every queue that has jobs, letters pending review, a pause, or a consumer in
-    ``served`` (the app's queues): counts within the actor's scope."""
+    ``served`` (the app's queues): counts within the actor's scope.
+
+    Queue names are partner-scoped when read: a partner-scoped actor sees only the queues
+    where it has jobs or letters pending review (with their pause), never the names of
+    queues only other partners use, nor the app's other queues. (Pausing and resuming stay
+    unscoped: a queue is shared by every partner.)"""
     qdb = queue_db or db
     found: dict[str, dict[str, Any]] = {}
+    scoped = actor.partner is not None
 
     def entry(queue: str) -> dict[str, Any]:
         return found.setdefault(queue, {"queue": queue})
+
+    def known(queue: str) -> dict[str, Any] | None:
+        """The queue's entry; for a scoped actor only one its own rows created."""
+        return found.get(queue) if scoped else entry(queue)
 
     for row in await qdb.run("jobs_queue_counts", {"partner": actor.partner}):
         entry(row["queue"]).update(
@@ -426,14 +436,16 @@ async def list_queues(
             item = entry(row["queue"])
             item["dead_letters"] = item.get("dead_letters", 0) + int(row["letters"])
     for row in await qdb.run("queue_pauses"):
-        entry(row["queue"]).update(
-            paused=True,
-            paused_by=row["paused_by"],
-            paused_at=to_datetime(row["paused_at"]),
-            pause_reason=row["reason"],
-        )
+        pause = known(row["queue"])
+        if pause is not None:
+            pause.update(
+                paused=True,
+                paused_by=row["paused_by"],
+                paused_at=to_datetime(row["paused_at"]),
+                pause_reason=row["reason"],
+            )
     for queue in served or ():
-        entry(queue)
+        known(queue)
     if served is not None:
         for item in found.values():
             item["served"] = item["queue"] in served

@@ -178,16 +178,7 @@ async def preview_replay(
                 f"the filter matches more than {limit} pending letters; narrow it (for "
                 "example with a time range) and replay in several steps"
             )
-        breakdown = [
-            {
-                "queue": r["queue"],
-                "category": r["category"],
-                "letters": int(r["letters"]),
-                "truncated": int(r["truncated"] or 0),
-                "applied": int(r["applied"] or 0),
-            }
-            for r in await tx.q("replay_breakdown", {"replay_id": replay_id})
-        ]
+        breakdown = await _breakdown(tx, replay_id)
         samples = [
             {**r, "failed_at": to_datetime(r["failed_at"])}
             for r in await tx.q("replay_sample", {"replay_id": replay_id, "limit": sample})
@@ -210,6 +201,28 @@ async def preview_replay(
         breakdown=breakdown,
         sample=samples,
     )
+
+
+async def _breakdown(tx: Tx, replay_id: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "queue": r["queue"],
+            "category": r["category"],
+            "letters": int(r["letters"]),
+            "truncated": int(r["truncated"] or 0),
+            "applied": int(r["applied"] or 0),
+        }
+        for r in await tx.q("replay_breakdown", {"replay_id": replay_id})
+    ]
+
+
+async def replay_breakdown(db: Database, replay_id: int, *, actor: Actor) -> list[dict[str, Any]]:
+    """A replay's letters per queue and category, with how many are already applied (their
+    job_id is fenced: marked replayed without a republish) or truncated (they stay pending),
+    as the preview gave them — for a replay looked at again later (the console's page)."""
+    await replay_status(db, replay_id, actor=actor)  # existence and scope
+    async with db.transaction() as tx:
+        return await _breakdown(tx, replay_id)
 
 
 async def _replay_row(tx: Tx, replay_id: int) -> dict[str, Any]:

@@ -30,9 +30,10 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.pq import TransactionStatus
 
-from ...db import Row, TxGuard, aborted, ended
+from ...db import Row, TxGuard, aborted, ended, rolled_back
 from ...db.adopt import SyncConnection
 from ...db.postgres import _boundary_error
+from ...db.second_writer import check, lending
 from ...db.sqlite import _Lent
 from ...errors import ConfigurationError, TransactionBoundaryError
 from ...runtime.hosted import HostedWork, WorkHost, sqlite_writer
@@ -143,14 +144,9 @@ class _Watch:
 
 
 def rollback_only() -> TransactionBoundaryError:
-    return TransactionBoundaryError(
-        "the handler's transaction was marked for rollback (transaction.set_rollback(True), or "
-        "a database error inside the ORM that the handler caught and carried on after); "
-        "jobfence cannot commit the job's work with its fence, so both were rolled back and "
-        "the job fails. Raise to fail a job; undo part of the work with a nested "
-        "`transaction.atomic()` (or `tx.savepoint()`)",
-        code="TX_ROLLBACK_ONLY",
-    )
+    """The job's atomic block was marked for rollback by the handler itself (a failed
+    statement it caught is ``TX_ABORTED`` instead, as on every store and integration)."""
+    return rolled_back("the transaction was marked for rollback: transaction.set_rollback(True)")
 
 
 class DjangoWork(HostedWork):
@@ -178,8 +174,18 @@ class DjangoWork(HostedWork):
         if sqlite:
             self.raw.set_authorizer(lent.authorize)
         try:
-            with self.django.execute_wrapper(_Watch(guard)):
-                yield DjangoTx(self.django.alias, self.dialect)
+            with (
+                lending(str(self.django.settings_dict["NAME"]))
+                if sqlite
+                else contextlib.nullcontext(),
+                self.django.execute_wrapper(_Watch(guard)),
+            ):
+                try:
+                    yield DjangoTx(self.django.alias, self.dialect)
+                except Exception as exc:
+                    if sqlite:
+                        self._second_alias(exc)
+                    raise
         except psycopg.Error as exc:
             problem = _boundary_error(exc) or guard.problem(track_failures=False)
             if problem is not None:
@@ -195,20 +201,32 @@ class DjangoWork(HostedWork):
             if sqlite:
                 with contextlib.suppress(sqlite3.ProgrammingError):  # closed by the handler
                     self.raw.set_authorizer(None)
-        self._check(guard, track_failures=sqlite)
+        self._check(guard)
 
-    def _check(self, guard: TxGuard, *, track_failures: bool) -> None:
-        """The handler returned normally: may the transaction commit with the fence?"""
+    def _second_alias(self, exc: BaseException) -> None:
+        """SQLite: "database is locked" from another alias of the job's own file, which waits
+        for the lock the job holds until its handler returns: say so, and fail at once."""
+        for other in connections.all(initialized_only=True):
+            if other.alias != self.django.alias and other.vendor == "sqlite":
+                name = str(other.settings_dict["NAME"])
+                check(exc, name, f"the Django database alias {other.alias!r}")
+
+    def _check(self, guard: TxGuard) -> None:
+        """The handler returned normally: may the transaction commit with the fence? The one
+        rule of every store and integration (docs/concepts.md): a failed statement the handler
+        caught (outside a savepoint it rolled back) is ``TX_ABORTED``; work rolled back that
+        the handler had not scoped itself is ``TX_ROLLBACK_ONLY``. Django's ``execute_wrapper``
+        sees every statement and savepoint of the ORM, so failures count on both stores."""
         problem = guard.problem(track_failures=False)
         if problem is not None:
             raise problem
         if self.django.closed_in_transaction or self.django.connection is None:
             raise ended("closed by the handler (connection.close())")
-        if self.django.needs_rollback:
-            raise rollback_only()
-        problem = guard.problem(track_failures=track_failures)
+        problem = guard.problem(track_failures=True)
         if problem is not None:
             raise problem
+        if self.django.needs_rollback:
+            raise rollback_only()
         if isinstance(self.raw, sqlite3.Connection):
             if not self.raw.in_transaction:
                 raise ended("committed or rolled back on the sqlite3 connection")

@@ -248,7 +248,7 @@ async def list_queues(who: Principal = VIEWER, jf: App = APP) -> Any:
 
 
 @router.post(
-    "/v1/queues/{queue}/{action}",
+    "/v1/queues/{queue:path}/{action}",
     response_model=Queue,
     responses={**FORBIDDEN, **CONFLICT},
     tags=["queues"],

@@ -19,8 +19,24 @@ router = APIRouter()
 
 @router.get("/healthz", response_model=models.Health, tags=["ops"])
 async def healthz(db: Database = DB) -> Any:
-    """Liveness and database reachability (no token needed; reveals nothing else)."""
+    """Readiness: the server answers and its database too (no token needed; reveals nothing
+    else). 503 problem+json while the database is unreachable."""
     await db.run("db_now")
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=models.Health, tags=["ops"])
+async def readyz(db: Database = DB) -> Any:
+    """Readiness (the same as ``/healthz``): a Kubernetes readinessProbe takes the server
+    out of its Service while the database is unreachable."""
+    await db.run("db_now")
+    return {"status": "ok"}
+
+
+@router.get("/livez", response_model=models.Health, tags=["ops"])
+async def livez() -> Any:
+    """Liveness: the process answers. It never asks the database, so that a database
+    outage makes the server unready (``/readyz``), never restarted."""
     return {"status": "ok"}
 
 

@@ -24,7 +24,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.gzip import GZipMiddleware
 
-from ...errors import InvalidRequest, NotFound, ReviewConflict
+from ...db import DRIVER_ERROR, is_connection_lost
+from ...errors import DatabaseUnavailable, InvalidRequest, NotFound, ReviewConflict
 from . import jobs, letters, overview, pages, signin
 from .render import HERE, page, redirect
 from .session import DEFAULT_IDLE, DEFAULT_TTL, Refused, Sessions, SignInRequired, signed_in
@@ -38,8 +39,17 @@ _STATUS = {
     ReviewConflict: 409,
     RequestValidationError: 422,
     StarletteHTTPException: None,
+    DatabaseUnavailable: 503,
+    DRIVER_ERROR: None,
 }
-_TITLES = {403: "Forbidden", 404: "Not found", 409: "Conflict", 422: "Refused", 405: "Not allowed"}
+_TITLES = {
+    403: "Forbidden",
+    404: "Not found",
+    409: "Conflict",
+    422: "Refused",
+    405: "Not allowed",
+    503: "Database unavailable",
+}
 
 
 def install(
@@ -101,9 +111,14 @@ def _html_or(fallback: Any) -> Any:
             return result
         status = _status_of(exc)
         user = None
-        with contextlib.suppress(SignInRequired):
-            user = await signed_in(request)
+        if status != 503:  # no database: show the page without the session
+            with contextlib.suppress(SignInRequired):
+                user = await signed_in(request)
         message = getattr(exc, "message", None) or getattr(exc, "detail", None) or str(exc)
+        if status == 503:
+            message = f"the database is unreachable ({message.splitlines()[0]}); try again"
+        elif isinstance(exc, DRIVER_ERROR):
+            message = f"database error ({type(exc).__name__})"
         if isinstance(exc, RequestValidationError):
             message = "; ".join(
                 f"{'.'.join(str(p) for p in e.get('loc', ())[1:])}: {e.get('msg', '')}"
@@ -128,6 +143,8 @@ def _status_of(exc: Exception) -> int:
         return exc.status
     if isinstance(exc, StarletteHTTPException):
         return exc.status_code
+    if isinstance(exc, DRIVER_ERROR):
+        return 503 if is_connection_lost(exc) else 500
     for kind, status in _STATUS.items():
         if isinstance(exc, kind) and status is not None:
             return status

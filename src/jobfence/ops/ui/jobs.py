@@ -5,6 +5,7 @@ their counts, pause and resume; and bulk discard of dead letters
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Request
@@ -14,10 +15,10 @@ from ...app import App
 from ...db import Database
 from ...errors import InvalidRequest
 from ...review import discards, jobctl
-from ..deps import MAX_ID, actor_of, jobfence_app
+from ..deps import MAX_ID, jobfence_app
 from .letters import _form, _time, letter_filter
-from .render import link, page, payload_view, redirect
-from .session import Refused, User, operator, signed_in
+from .render import link, page, payload_view, plural, redirect
+from .session import Refused, User, actor_of, flash, operator, signed_in
 
 router = APIRouter()
 SIGNED_IN: Any = Depends(signed_in)
@@ -81,6 +82,7 @@ async def list_jobs(request: Request, user: User = SIGNED_IN) -> Response:
         status=422 if error else 200,
         error=error,
         jobs=items,
+        now=datetime.now(UTC),  # a waiting job due later shows as delayed
         filters=kept,
         states=jobctl.JOB_STATES,
         next_url=link("/ui/jobs", **kept, after=cursor) if cursor else None,
@@ -90,10 +92,25 @@ async def list_jobs(request: Request, user: User = SIGNED_IN) -> Response:
 
 @router.get("/ui/jobs/{job}")
 async def show_job(request: Request, job: int = JOB, user: User = SIGNED_IN) -> Response:
+    return await _job_page(request, job, user)
+
+
+async def _job_page(
+    request: Request, job: int, user: User, *, error: str | None = None
+) -> Response:
+    """One job's page; with ``error`` (a refused action), 422 with the message above it."""
     jf = jobfence_app(request)
     view = await jobctl.show_job(queue_db(jf), job, actor=actor_of(user.principal))
     return page(
-        request, "job.html", user, view=view, job=view.job, payload=payload_view(view.payload)
+        request,
+        "job.html",
+        user,
+        status=422 if error else 200,
+        error=error,
+        view=view,
+        job=view.job,
+        now=datetime.now(UTC),
+        payload=payload_view(view.payload),
     )
 
 
@@ -101,16 +118,22 @@ async def show_job(request: Request, job: int = JOB, user: User = SIGNED_IN) -> 
 async def cancel_job(request: Request, job: int = JOB, user: User = OPERATOR) -> Response:
     jf = jobfence_app(request)
     form = await _form(request)
-    done = await jobctl.cancel_job(
-        jf.db,
-        job,
-        actor=actor_of(user.principal),
-        reason=form.get("reason", ""),
-        consumers={q: c.name for q, c in jf.consumers.items()},
-        queue_db=queue_db(jf),
-    )
-    user.session.flash.append(
-        ("ok", f"Job {done.job.job_id} cancelled: kept as dead letter {done.dead_letter_id}")
+    try:
+        done = await jobctl.cancel_job(
+            jf.db,
+            job,
+            actor=actor_of(user.principal),
+            reason=form.get("reason", ""),
+            consumers={q: c.name for q, c in jf.consumers.items()},
+            queue_db=queue_db(jf),
+        )
+    except InvalidRequest as exc:  # the job's page again, with why
+        return await _job_page(request, job, user, error=str(exc))
+    await flash(
+        request,
+        user,
+        "ok",
+        f"Job {done.job.job_id} cancelled: kept as dead letter {done.dead_letter_id}",
     )
     return redirect(f"/ui/dead-letters/{done.dead_letter_id}")
 
@@ -126,7 +149,7 @@ async def retry_now(request: Request, job: int = JOB, user: User = OPERATOR) -> 
         reason=form.get("reason") or None,
         queue_db=queue_db(jf),
     )
-    user.session.flash.append(("ok", f"Job {job} is due now"))
+    await flash(request, user, "ok", f"Job {job} is due now")
     return redirect(f"/ui/jobs/{job}")
 
 
@@ -144,7 +167,7 @@ async def queues(request: Request, user: User = SIGNED_IN) -> Response:
     return page(request, "queues.html", user, queues=found, unserved=unserved)
 
 
-@router.post("/ui/queues/{queue}/{action}")
+@router.post("/ui/queues/{queue:path}/{action}")
 async def pause_or_resume(
     request: Request, action: str, queue: str = QUEUE, user: User = OPERATOR
 ) -> Response:
@@ -160,7 +183,7 @@ async def pause_or_resume(
         reason=form.get("reason") or None,
         queue_db=queue_db(jf),
     )
-    user.session.flash.append(("ok", f"Queue {queue} {action}d"))
+    await flash(request, user, "ok", f"Queue {queue} {action}d")
     return redirect("/ui/queues")
 
 
@@ -223,5 +246,5 @@ async def run_discard(request: Request, user: User = OPERATOR) -> Response:
         )
     except InvalidRequest as exc:
         return await _discard_preview(request, user, error=str(exc))
-    user.session.flash.append(("ok", f"{done.discarded} dead letters discarded"))
+    await flash(request, user, "ok", f"{plural(done.discarded, 'dead letter')} discarded")
     return redirect("/ui/dead-letters?status=discarded")

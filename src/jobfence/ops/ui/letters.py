@@ -13,9 +13,9 @@ from fastapi.responses import Response
 from ...errors import Category, InvalidRequest
 from ...review import deadletters as service
 from ...review import replays
-from ..deps import MAX_ID, actor_of, jobfence_app
+from ..deps import MAX_ID, jobfence_app
 from .render import link, page, payload_view, redirect, secure
-from .session import Refused, User, operator, signed_in
+from .session import Refused, User, actor_of, flash, operator, signed_in
 
 router = APIRouter()
 SIGNED_IN: Any = Depends(signed_in)
@@ -105,11 +105,21 @@ async def list_letters(request: Request, user: User = SIGNED_IN) -> Response:
 async def show_letter(
     request: Request, letter_id: int = LETTER, user: User = SIGNED_IN
 ) -> Response:
+    return await _letter_page(request, letter_id, user)
+
+
+async def _letter_page(
+    request: Request, letter_id: int, user: User, *, error: str | None = None
+) -> Response:
+    """One letter's page; with ``error`` (a refused action), 422 with the message above its
+    forms (the letter stays on screen)."""
     view = await service.show(jobfence_app(request).db, letter_id, actor=actor_of(user.principal))
     return page(
         request,
         "letter.html",
         user,
+        status=422 if error else 200,
+        error=error,
         view=view,
         letter=view.letter,
         payload=payload_view(view.letter.payload),
@@ -147,9 +157,7 @@ async def replay_letter(
         actor=actor_of(user.principal),
         reason=form.get("reason") or None,
     )
-    user.session.flash.append(
-        ("ok", f"Dead letter {letter_id}: {result.outcome.replace('_', ' ')}")
-    )
+    await flash(request, user, "ok", f"Dead letter {letter_id}: {result.outcome.replace('_', ' ')}")
     return redirect(f"/ui/dead-letters/{letter_id}")
 
 
@@ -158,13 +166,16 @@ async def discard_letter(
     request: Request, letter_id: int = LETTER, user: User = OPERATOR
 ) -> Response:
     form = await _form(request)
-    await service.discard(
-        jobfence_app(request).db,
-        letter_id,
-        actor=actor_of(user.principal),
-        reason=form.get("reason", ""),
-    )
-    user.session.flash.append(("ok", f"Dead letter {letter_id} discarded"))
+    try:
+        await service.discard(
+            jobfence_app(request).db,
+            letter_id,
+            actor=actor_of(user.principal),
+            reason=form.get("reason", ""),
+        )
+    except InvalidRequest as exc:  # the letter's page again, with why
+        return await _letter_page(request, letter_id, user, error=str(exc))
+    await flash(request, user, "ok", f"Dead letter {letter_id} discarded")
     return redirect(f"/ui/dead-letters/{letter_id}")
 
 
@@ -212,7 +223,14 @@ async def _replay(request: Request, replay_id: int, user: User) -> dict[str, Any
     actor = actor_of(user.principal)
     status = await replays.replay_status(db, replay_id, actor=actor)
     sample = await replays.replay_items(db, replay_id, actor=actor, limit=20)
-    return {"replay": status, "items": sample.items}
+    breakdown = await replays.replay_breakdown(db, replay_id, actor=actor)
+    return {
+        "replay": status,
+        "items": sample.items,
+        "breakdown": breakdown,
+        "applied": sum(b["applied"] for b in breakdown),
+        "truncated": sum(b["truncated"] for b in breakdown),
+    }
 
 
 @router.post("/ui/replays/{replay_id}/run")
@@ -236,5 +254,5 @@ async def run_replay(request: Request, replay_id: int = REPLAY, user: User = OPE
         rate=rate,
         reason=form.get("reason") or None,
     )
-    user.session.flash.append(("ok", f"Bulk replay {replay_id} started"))
+    await flash(request, user, "ok", f"Bulk replay {replay_id} started")
     return redirect(f"/ui/replays/{replay_id}")

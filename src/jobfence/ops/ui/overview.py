@@ -16,10 +16,10 @@ from fastapi.responses import Response
 
 from ...review import jobctl
 from ...review import stats as counts
-from ..deps import actor_of, jobfence_app
+from ..deps import jobfence_app
 from .jobs import served
 from .render import chart, page
-from .session import User, signed_in
+from .session import User, actor_of, signed_in
 
 router = APIRouter()
 SIGNED_IN: Any = Depends(signed_in)

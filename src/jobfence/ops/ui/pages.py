@@ -11,10 +11,10 @@ from fastapi.responses import JSONResponse, Response
 from ... import outbox
 from ...errors import InvalidRequest
 from ...review import deadletters as service
-from ..deps import MAX_ID, actor_of, database
+from ..deps import MAX_ID, database
 from .letters import _time
-from .render import CSP_SWAGGER, link, page, redirect, secure
-from .session import Refused, User, operator, signed_in
+from .render import CSP_SWAGGER, link, page, plural, redirect, secure
+from .session import Refused, User, actor_of, flash, operator, signed_in
 
 router = APIRouter()
 SIGNED_IN: Any = Depends(signed_in)
@@ -74,9 +74,9 @@ async def redrive(request: Request, user: User = OPERATOR) -> Response:
         actor=user.principal.name,
         reason=reason if isinstance(reason, str) else "",
         event_ids=ids,
-        via="api",
+        via="console",
     )
-    user.session.flash.append(("ok", f"{len(done)} events re-driven"))
+    await flash(request, user, "ok", f"{plural(len(done), 'event')} re-driven")
     return redirect("/ui/outbox?state=PENDING")
 
 

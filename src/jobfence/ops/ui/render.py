@@ -4,8 +4,9 @@ the security headers, and the pieces that turn data into safe markup (payloads, 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -13,6 +14,7 @@ from urllib.parse import urlencode
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 
 from .session import User
 
@@ -38,11 +40,31 @@ env = Environment(
 
 
 def _when(value: datetime | str | None) -> str:
+    """Every time the console shows: one format, in UTC, saying so (``2026-12-04 14:25:48
+    UTC``); ISO 8601 text (attempt histories) is read and shown the same way."""
     if value is None:
         return "—"
+    moment = value
     if isinstance(value, str):
-        return value
-    return value.strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    assert isinstance(moment, datetime)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``1 job``, ``2 jobs`` (``many``: an irregular plural)."""
+    return f"{n} {noun if n == 1 else (many or noun + 's')}"
+
+
+def _breakable(text: str) -> Markup:
+    """``text`` (escaped) with line-break opportunities after its underscores and dots, for
+    long column headings (category names)."""
+    return Markup(re.sub(r"([_.])", r"\1<wbr>", str(escape(text))))
 
 
 def _size(n: int) -> str:
@@ -54,6 +76,8 @@ def _size(n: int) -> str:
 
 env.filters["when"] = _when
 env.filters["size"] = _size
+env.filters["plural"] = plural
+env.filters["breakable"] = _breakable
 
 
 def secure(response: Response, csp: str = CSP) -> Response:

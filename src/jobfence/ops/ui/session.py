@@ -4,28 +4,33 @@
   a server-side session; the cookie holds a random session id (256 bits) and nothing else.
 - Every request re-checks the token by its hash, so revoking or expiring the token ends its
   sessions at once; a session also ends after ``ttl`` (absolute) or ``idle`` without a request,
-  and at sign-out (the server forgets it: a copied cookie is useless afterwards).
+  and at sign-out (it is revoked: a copied cookie is useless afterwards, on every replica).
 - Every state-changing request must carry the session's CSRF token (form field ``csrf`` or
   header ``X-CSRF-Token``) and come from the console's own origin (``Origin``, else
   ``Referer``, must name the host the request was sent to). SameSite=Strict already keeps the
   cookie off cross-site requests; the two checks hold even where it would not.
 
-Sessions live in the server's memory: restarting ``jobfence ops serve`` signs everyone out, and
-several replicas behind one address need sticky sessions (docs/ops-console.md).
+Sessions live in the database (``core.console_sessions``), keyed by the SHA-256 of the cookie:
+every replica of ``jobfence ops serve`` behind one address sees them (sign in on one, act
+with the session's CSRF token on another, sign out on any), and a restart signs nobody out.
+A session's one-time messages (flashes) travel with it to whichever replica shows the next
+page.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
-import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from urllib.parse import urlsplit
 
 from fastapi import Request
 
+from ...db import Database
+from ...review import deadletters as service
 from ..auth import Principal, authenticate_hash
 from ..deps import database
 
@@ -34,7 +39,6 @@ CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-csrf-token"
 DEFAULT_TTL = timedelta(hours=8)
 DEFAULT_IDLE = timedelta(hours=1)
-MAX_SESSIONS = 10_000
 
 
 class SignInRequired(Exception):
@@ -52,63 +56,66 @@ class Refused(Exception):
 
 @dataclass
 class Session:
+    key: str  # the SHA-256 of the cookie (the row's id)
     token_hash: str
     csrf: str
-    expires: float  # monotonic seconds: the absolute end
-    seen: float  # monotonic seconds: the last request
-    flash: list[tuple[str, str]] = field(default_factory=list)  # (kind, message)
+    flash: list[tuple[str, str]] = field(default_factory=list)  # (kind, message) to show now
+
+
+def _key(cookie: str) -> str:
+    return hashlib.sha256(cookie.encode("utf-8")).hexdigest()
 
 
 @dataclass
 class Sessions:
-    """The server's sessions, by the SHA-256 of their cookie value."""
+    """The console's sessions (in the database): how long they last, absolute and idle."""
 
     ttl: timedelta = DEFAULT_TTL
     idle: timedelta = DEFAULT_IDLE
-    _by_id: dict[str, Session] = field(default_factory=dict)
 
-    @staticmethod
-    def _key(cookie: str) -> str:
-        return hashlib.sha256(cookie.encode("utf-8")).hexdigest()
-
-    def create(self, token_hash: str) -> str:
-        """A new session for a checked token; returns the cookie value."""
-        now = time.monotonic()
-        self._prune(now)
+    async def create(self, db: Database, token_hash: str) -> str:
+        """A new session for a checked token; returns the cookie value (never stored)."""
         cookie = secrets.token_urlsafe(32)
-        self._by_id[self._key(cookie)] = Session(
-            token_hash=token_hash,
-            csrf=secrets.token_urlsafe(32),
-            expires=now + self.ttl.total_seconds(),
-            seen=now,
-        )
+        async with db.transaction() as tx:
+            await tx.q("console_session_prune")
+            await tx.q(
+                "console_session_insert",
+                {
+                    "id_hash": _key(cookie),
+                    "token_hash": token_hash,
+                    "csrf": secrets.token_urlsafe(32),
+                    "ttl": self.ttl.total_seconds(),
+                    "idle": self.idle.total_seconds(),
+                },
+            )
         return cookie
 
-    def get(self, cookie: str | None) -> Session | None:
+    async def get(self, db: Database, cookie: str | None, *, take_flash: bool) -> Session | None:
+        """The live session of ``cookie`` (its idle clock restarted), or None. With
+        ``take_flash`` its pending messages are handed over (and cleared) for this page."""
         if not cookie or len(cookie) > 100:
             return None
-        key = self._key(cookie)
-        found = self._by_id.get(key)
-        now = time.monotonic()
-        if found is None:
-            return None
-        if now >= found.expires or now - found.seen >= self.idle.total_seconds():
-            del self._by_id[key]
-            return None
-        found.seen = now
-        return found
+        key = _key(cookie)
+        async with db.transaction() as tx:
+            rows = await tx.q("console_session_get", {"id_hash": key})
+            if not rows:
+                return None
+            row = rows[0]
+            flash = row["flash"]
+            pending = json.loads(flash) if isinstance(flash, str) else list(flash)
+            take = take_flash and bool(pending)
+            await tx.q("console_session_touch", {"id_hash": key, "take": take})
+        return Session(
+            key=key,
+            token_hash=str(row["token_hash"]),
+            csrf=str(row["csrf"]),
+            flash=[(str(k), str(m)) for k, m in pending] if take else [],
+        )
 
-    def drop(self, cookie: str | None) -> None:
-        if cookie:
-            self._by_id.pop(self._key(cookie), None)
-
-    def _prune(self, now: float) -> None:
-        idle = self.idle.total_seconds()
-        for key, s in list(self._by_id.items()):
-            if now >= s.expires or now - s.seen >= idle:
-                del self._by_id[key]
-        while len(self._by_id) >= MAX_SESSIONS:  # the oldest go first
-            del self._by_id[next(iter(self._by_id))]
+    async def drop(self, db: Database, cookie: str | None) -> None:
+        """Revoke the session of ``cookie`` (sign-out): every replica refuses it at once."""
+        if cookie and len(cookie) <= 100:
+            await db.run("console_session_revoke", {"id_hash": _key(cookie)})
 
 
 @dataclass(frozen=True)
@@ -127,19 +134,35 @@ class User:
         return self.principal.partner is not None
 
 
+def actor_of(principal: Principal) -> service.Actor:
+    """The service actor of a console user: audited ``via console``."""
+    return service.Actor(principal.name, "console", principal.partner)
+
+
 def sessions(request: Request) -> Sessions:
     found: Sessions = request.app.state.ui_sessions
     return found
 
 
+async def flash(request: Request, user: User, kind: str, message: str) -> None:
+    """A one-time message (``kind``: ok, error, warn) for the next page this session shows,
+    whichever replica shows it."""
+    await database(request).run(
+        "console_session_flash", {"id_hash": user.session.key, "kind": kind, "message": message}
+    )
+
+
 async def signed_in(request: Request) -> User:
     """The signed-in user (a dependency); :class:`SignInRequired` otherwise."""
-    session = sessions(request).get(request.cookies.get(COOKIE))
+    db = database(request)
+    page_view = request.method == "GET" and not request.headers.get("hx-request")
+    cookie = request.cookies.get(COOKIE)
+    session = await sessions(request).get(db, cookie, take_flash=page_view)
     if session is None:
         raise SignInRequired()
-    principal = await authenticate_hash(database(request), session.token_hash)
+    principal = await authenticate_hash(db, session.token_hash)
     if principal is None:  # revoked or expired since sign-in
-        sessions(request).drop(request.cookies.get(COOKIE))
+        await sessions(request).drop(db, cookie)
         raise SignInRequired()
     request.state.principal = principal
     return User(principal, session)

@@ -45,7 +45,7 @@ async def login(request: Request) -> Response:
             error="unknown, revoked or expired token",
         )
     store = sessions(request)
-    cookie = store.create(hash_token(token))
+    cookie = await store.create(database(request), hash_token(token))
     response = redirect(goto)
     response.set_cookie(
         COOKIE,
@@ -62,7 +62,7 @@ async def login(request: Request) -> Response:
 @router.post("/ui/logout")
 async def logout(request: Request) -> Response:
     await checked_post(request)
-    sessions(request).drop(request.cookies.get(COOKIE))
+    await sessions(request).drop(database(request), request.cookies.get(COOKIE))
     response = redirect("/ui/login")
     response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
     return response

@@ -52,7 +52,7 @@ CREATE TABLE core.audit_log (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at              timestamptz NOT NULL DEFAULT now(),
     actor           text NOT NULL CHECK (actor ~ '[^[:space:]]' AND length(actor) <= 200),
-    via             text NOT NULL CHECK (via IN ('cli', 'api', 'library')),
+    via             text NOT NULL CHECK (via IN ('cli', 'api', 'library', 'console')),
     action          text NOT NULL CHECK (action ~ '^[a-z][a-z0-9_.]*$'),
     partner         text,
     dead_letter_id  bigint,

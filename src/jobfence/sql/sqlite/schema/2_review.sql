@@ -40,7 +40,7 @@ CREATE TABLE core_audit_log (
     at              REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
     actor           TEXT NOT NULL CHECK (trim(actor, ' ' || char(9, 10, 11, 12, 13)) <> ''
                                          AND length(actor) <= 200),
-    via             TEXT NOT NULL CHECK (via IN ('cli', 'api', 'library')),
+    via             TEXT NOT NULL CHECK (via IN ('cli', 'api', 'library', 'console')),
     action          TEXT NOT NULL CHECK (action <> '' AND action NOT GLOB '*[^a-z0-9_.]*'),
     partner         TEXT,
     dead_letter_id  INTEGER,
