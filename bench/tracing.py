@@ -147,8 +147,7 @@ def micro(n: int = 20_000) -> float:
     (absent: the harness's one ``is None`` test). Isolates tracing from the noise of a
     shared machine's database round trips."""
     from jobfence import tracing as jobfence_tracing
-    from jobfence.core.jobs import Delivery
-    from jobfence.store import OutgoingJob
+    from jobfence.core.jobs import Delivery, OutgoingJob
 
     traces = jobfence_tracing.get()
     job = OutgoingJob("bench", "job-1", b"{}")

@@ -11,8 +11,8 @@ import click
 import pytest
 
 from jobfence.cli import main_group
-from jobfence.cli._common import Duration, parse_duration
-from jobfence.review.deadletters import MAX_PAGE
+from jobfence.cli.common import Duration, parse_duration
+from jobfence.review.validation import MAX_PAGE
 
 from .test_cli import jf, one_line_error
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from jobfence import App
-from jobfence.cli._common import CLI_LOCK_TIMEOUT
+from jobfence.cli.common import CLI_LOCK_TIMEOUT
 
 from .conftest import make_ledger
 from .helpers import REPO, start_worker, stop_process, wait_until

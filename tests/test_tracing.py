@@ -399,7 +399,7 @@ def test_without_the_extra_nothing_traces_and_jobs_run(sqlite_database: str) -> 
 def test_the_broker_headers_carry_the_trace_context() -> None:
     """Every broker adapter writes and reads its metadata through one ``Meta`` (AMQP
     headers, NATS headers, Redis fields); Pub/Sub turns it into message attributes."""
-    from jobfence.store import OutgoingJob
+    from jobfence.core.jobs import OutgoingJob
     from jobfence.transports._broker import Meta
     from jobfence.transports.pubsub.attributes import attributes, read_meta
 

@@ -322,7 +322,7 @@ def test_a_worker_for_an_unknown_queue_is_refused() -> None:
 async def test_bulk_enqueue_uses_copy_inside_the_callers_transaction(pg_database: str) -> None:
     """A bulk enqueue (COPY on PostgreSQL) joins the caller's transaction: rolled back, no
     job exists; committed, every job exists with its exact payload and correlation id."""
-    from jobfence.store import COPY_THRESHOLD
+    from jobfence.transports.database import COPY_THRESHOLD
 
     app = App(pg_database)
     n = COPY_THRESHOLD * 4

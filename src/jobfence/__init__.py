@@ -6,7 +6,7 @@ letters that people can read, replay and discard.
 """
 
 from .app import App
-from .core.jobs import AttemptRecord, Delivery, Job
+from .core.jobs import AttemptRecord, Delivery, Job, OutgoingJob
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx
 from .errors import (
@@ -36,14 +36,12 @@ from .errors import (
     classify,
 )
 from .observers import Observer
-from .outbox import OutboxEvent
-from .outbox.relay import Relay
+from .outbox.relay import OutboxEvent, Relay
 from .review.deadletters import Actor
 from .review.deadletters import discard as discard_dead_letter
 from .review.deadletters import letters as list_dead_letters
 from .review.letters import DeadLetter
 from .runtime.worker import Worker
-from .store import OutgoingJob
 from .transports import Transport
 
 __version__ = "0.1.0.dev0"

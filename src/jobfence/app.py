@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
@@ -21,9 +20,9 @@ from .config import (
     same_database,
 )
 from .core import fence
-from .core.codec import Decoder, Schema, encode
+from .core.codec import Decoder, Schema
 from .core.fence import DEFAULT_FENCE_TTL
-from .core.jobs import check_job_id, check_queue, check_utf8
+from .core.jobs import OutgoingJob, check_queue, outgoing_job
 from .core.leases import default_holder
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
@@ -33,12 +32,14 @@ from .logs import LogObserver
 from .metrics import MetricsObserver
 from .observers import Observer, Observers
 from .review.letters import DEFAULT_PAYLOAD_LIMIT
+from .runtime.context import Runtime
 from .runtime.harness import Consumer, Handler
 from .runtime.hosted import wants_session
 from .runtime.maintenance import Maintenance
 from .runtime.worker import Worker
-from .store import OutgoingJob, Store
+from .store import Store
 from .transports import Transport, broker_from_url, check_payload_sizes, is_broker_url
+from .transports import database as database_queue
 from .transports.database import (
     DatabaseQueue,
     database_max_payload,
@@ -150,6 +151,7 @@ class App:
         # Benchmarks only (bench/throughput.py measures what the fence costs). Turning the
         # fence off removes the effectively-once guarantee; nothing else ever sets this.
         self._fence_enabled = True
+        self._runtime: Runtime | None = None
         self._transport_spec: str | Transport | None = None
         if transport is not None:
             self.use_transport(transport)
@@ -229,6 +231,7 @@ class App:
                     "handlers are `def handle(job, session: Session)` (annotate the session; "
                     "raw SQL: session.execute(text(...)))"
                 )
+            self._runtime = None
             self.consumers[queue] = Consumer(
                 queue=queue,
                 name=name or queue,
@@ -299,6 +302,33 @@ class App:
     @property
     def is_open(self) -> bool:
         return self._db is not None
+
+    @property
+    def runtime(self) -> Runtime:
+        """What a worker or a relay runs on: the open database and transport, the observers
+        and the settings, as one value (they take that, never the app)."""
+        cached = self._runtime
+        if (
+            cached is not None
+            and cached.db is self.db
+            and cached.fence_enabled == self._fence_enabled
+        ):
+            return cached
+        self._runtime = Runtime(
+            db=self.db,
+            transport=self.transport,
+            observers=self.observers,
+            consumers=self.consumers,
+            work=self.work_source,
+            tracing=self.tracing,
+            fence_ttl=self.fence_ttl,
+            lease=self.lease,
+            payload_limit=self.payload_limit,
+            maintenance=self.maintenance,
+            redelivery_exposure=self.redelivery_exposure(),
+            fence_enabled=self._fence_enabled,
+        )
+        return self._runtime
 
     @property
     def db(self) -> Database:
@@ -407,23 +437,9 @@ class App:
         delay: timedelta | float | None = None,
     ) -> OutgoingJob:
         """Validate and encode one job (what ``enqueue`` does before it writes)."""
-        try:
-            check_utf8("queue", check_queue(queue))
-            job_id = check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
-            check_utf8("job_id", job_id)
-            if correlation_id is not None:
-                if not isinstance(correlation_id, str) or "\x00" in correlation_id:
-                    raise ValueError("correlation_id must be a string without NUL characters")
-                if len(correlation_id) > 255:
-                    raise ValueError("correlation_id is longer than 255 characters")
-                check_utf8("correlation_id", correlation_id)
-            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay or 0)
-            if seconds < 0:
-                raise ValueError("delay must not be negative")
-            data = encode(payload)
-        except ValueError as exc:
-            raise EnqueueError(str(exc)) from None
-        return OutgoingJob(queue, job_id, data, correlation_id, seconds)
+        return outgoing_job(
+            queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay
+        )
 
     async def enqueue(
         self,
@@ -466,10 +482,15 @@ class App:
             with self._sending(jobs, self.transport.name) as traced:
                 await self.transport.publish(traced)
             return
-        store = self.store_for(connection)
-        _check_database_payloads(jobs, store.dialect)
-        with self._sending(jobs, store.dialect) as traced:
-            await store.enqueue(traced, tx=await self._as_tx(connection))
+        if self.is_open and not isinstance(self.transport, DatabaseQueue):
+            raise EnqueueError(
+                "enqueue in the caller's transaction needs the database queue; with a broker "
+                "transport write to the outbox instead"
+            )
+        tx = await self._as_tx(connection)
+        _check_database_payloads(jobs, tx.dialect)
+        with self._sending(jobs, tx.dialect) as traced:
+            await database_queue.enqueue(tx, traced)
 
     def _sending(
         self, jobs: Sequence[OutgoingJob], transport: str
@@ -478,18 +499,6 @@ class App:
         if self.tracing is None:
             return nullcontext(jobs)
         return self.tracing.send(jobs, transport)
-
-    def store_for(self, connection: Any) -> Store:
-        if self.is_open and isinstance(self.transport, DatabaseQueue):
-            if not self.transport.shares_database:
-                return self.transport.store
-            return self.store
-        if self.is_open:
-            raise EnqueueError(
-                "enqueue in the caller's transaction needs the database queue; with a broker "
-                "transport write to the outbox instead"
-            )
-        return Store(connect(self.url))
 
     async def _as_tx(self, connection: Any) -> Tx:
         return await adopt_async(
@@ -520,21 +529,21 @@ class App:
         connection = _one_of(connection, session)
         job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
         if isinstance(connection, SyncTx):
-            connection._run(self.enqueue_many([job], connection=connection.async_tx))
+            connection.run_sync(self.enqueue_many([job], connection=connection.async_tx))
             return job.job_id
-        store = Store(connect(self.url))
-        _check_database_payloads([job], store.dialect)
+        dialect = self.url.dialect
+        _check_database_payloads([job], dialect)
         if connection is None and current_tx.get() is not None and self.url.dialect == "sqlite":
             raise EnqueueError(
                 "inside a handler on SQLite, enqueue with connection=tx: a second write "
                 "transaction would wait for the handler's own"
             )
-        with self._sending([job], store.dialect) as traced:
+        with self._sending([job], dialect) as traced:
             if connection is not None:
-                store.enqueue_sync(connection, traced)
+                database_queue.enqueue_sync(connection, traced, dialect, self.url.schema)
             else:
                 with connect_sync(self.url) as conn:
-                    store.enqueue_sync(conn, traced)
+                    database_queue.enqueue_sync(conn, traced, dialect, self.url.schema)
         return job.job_id
 
     # -- workers ----------------------------------------------------------------------------

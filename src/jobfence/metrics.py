@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 from .core.jobs import Delivery, Job
 from .errors import Category
@@ -167,9 +167,3 @@ class MetricsObserver(Observer):
 
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         LOST.labels(delivery.queue).inc()
-
-
-def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
-    """Expose ``/metrics`` on ``host:port`` in a background thread (without the health
-    endpoints; a worker's and a relay's server is :func:`jobfence.runtime.health.serve`)."""
-    start_http_server(port, addr=host)

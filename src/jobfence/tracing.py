@@ -42,7 +42,7 @@ from .errors import Category
 from .observers import Observer
 
 if TYPE_CHECKING:
-    from .store import OutgoingJob
+    from .core.jobs import OutgoingJob
 
 try:
     from opentelemetry import context as otel_context

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from jobfence.cli import main
+from jobfence.cli.deadletters import list_dead_letters, replay
+from jobfence.cli.jobctl import discard_matching
 from jobfence.ops.auth import authenticate
 
 from ..helpers import query, table
@@ -374,3 +376,51 @@ def test_list_json_leaves_history_to_show(database_url: str) -> None:
     assert "history" not in listed
     shown = jf("dead-letters", "show", str(letter), "--json", "--database-url", url)
     assert [a["attempt"] for a in json.loads(shown.stdout)["history"]] == [6]
+
+
+def test_list_takes_the_letter_filter_replay_and_discard_take(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dead-letters list` filters by --consumer, --error, --job-id and --since/--until as
+    `replay`, `discard-matching`, the ops API and the console do (issue 23): one set of
+    options, one filter; a bad criterion is one line."""
+    url = database_url
+    ids = {
+        job: seed(url, job, consumer=consumer, error=error)[0]
+        for job, consumer, error in [
+            ("f-erp", "ledger", "TemporaryError: ERP answered 503"),
+            ("f-mail", "mailer", "SMTPError: mailbox full"),
+            ("f-old", "ledger", "TemporaryError: ERP answered 502"),
+        ]
+    }
+    back = datetime.now(UTC) - timedelta(days=3)
+    asyncio.run(
+        query(
+            url,
+            f"UPDATE {table(url, 'dead_letters')} SET failed_at = {{p}} WHERE id = {{p}}",
+            (back if dialect(url) == "postgresql" else back.timestamp(), ids["f-old"]),
+        )
+    )
+
+    def listed(*criteria: str) -> list[str]:
+        code, out, err = jobfence(
+            capsys, "dead-letters", "list", "--json", "--database-url", url, *criteria
+        )
+        assert code == 0, err
+        return sorted(json.loads(line)["job_id"] for line in out.splitlines())
+
+    assert listed() == ["f-erp", "f-mail", "f-old"]
+    assert listed("--consumer", "mailer") == ["f-mail"]
+    assert listed("--error", "erp answered") == ["f-erp", "f-old"]
+    assert listed("--job-id", "f-old") == ["f-old"]
+    assert listed("--since", "1d") == ["f-erp", "f-mail"]
+    assert listed("--until", "1d", "--consumer", "ledger") == ["f-old"]
+    assert listed("--error", "503", "--since", "1d") == ["f-erp"]
+    code, out, err = jobfence(
+        capsys, "dead-letters", "list", "--since", "1d", "--until", "2d", "--database-url", url
+    )
+    assert (code, out, err) == (1, "", "jobfence: error: since must be before until\n")
+
+    wanted = {"--queue", "--consumer", "--category", "--error", "--job-id", "--since", "--until"}
+    for command in (list_dead_letters, replay, discard_matching):
+        assert {o for p in command.params for o in p.opts} >= wanted, command.name

@@ -8,7 +8,7 @@ import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jobfence.review.deadletters import MAX_PAGE
+from jobfence.review.validation import MAX_PAGE
 
 from ..helpers import eventually, query, table
 from .conftest import OpsServer, letter_params, seed_letters

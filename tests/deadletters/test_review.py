@@ -13,6 +13,7 @@ import pytest
 from jobfence import App, Job, NonRetryableError, RetryPolicy, ReviewConflict, Tx
 from jobfence.review import deadletters as dl
 from jobfence.review import stats as counts
+from jobfence.review.validation import MAX_PAGE
 from jobfence.runtime.harness import Outcome
 
 from ..helpers import RunningWorker, credit, eventually, query, scalar, table
@@ -340,7 +341,7 @@ async def test_search_filters_and_pages_without_payloads(database_url: str) -> N
             if cursor is None:
                 break
         with pytest.raises(dl.InvalidRequest):
-            await dl.search(db, dl.Filter(), actor=ALICE, limit=dl.MAX_PAGE + 1)
+            await dl.search(db, dl.Filter(), actor=ALICE, limit=MAX_PAGE + 1)
         with pytest.raises(dl.InvalidRequest):
             await dl.search(db, dl.Filter(category="NOPE"), actor=ALICE)
     assert [x.id for x in by_error.items] == list(reversed(ids[:5]))

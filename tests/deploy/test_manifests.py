@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from jobfence.cli._common import parse_duration
+from jobfence.cli.common import parse_duration
 
 from ..helpers import REPO
 
@@ -438,7 +438,7 @@ def test_every_environment_variable_in_the_deployment_is_documented() -> None:
 
 def test_the_example_app_imports_as_the_worker_would(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", "from jobfence.cli._common import load_app; load_app('myapp:app')"],
+        [sys.executable, "-c", "from jobfence.cli.common import load_app; load_app('myapp:app')"],
         env={"PYTHONPATH": str(DEPLOY / "app"), "JOBFENCE_DATABASE_URL": "sqlite:///x.db"},
         capture_output=True,
         text=True,

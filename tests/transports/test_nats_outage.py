@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from jobfence.store import OutgoingJob
+from jobfence.core.jobs import OutgoingJob
 from jobfence.transports.nats import UNAVAILABLE, NatsTransport
 
 from ..contract.servers import NatsServer, free_port

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from jobfence.core.jobs import Delivery
-from jobfence.store import OutgoingJob
+from jobfence.core.jobs import Delivery, OutgoingJob
 from jobfence.transports.redis import RedisTransport
 
 from ..contract.support import Target

@@ -10,7 +10,7 @@ import click
 
 from ..errors import JobfenceError
 from . import deadletters, demo, jobctl, jobs, operations, outbox, stats  # noqa: F401  (they add their commands)
-from ._common import NotConfirmed, err_console, main_group
+from .common import NotConfirmed, err_console, main_group
 
 __all__ = ["main", "main_group"]
 

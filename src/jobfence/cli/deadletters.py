@@ -8,6 +8,7 @@ Readable tables for people; ``--json`` for scripts. Actions are recorded in the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -16,28 +17,29 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..errors import Category, NotFound, ReviewConflict
+from ..errors import NotFound, ReviewConflict
 from ..review import deadletters as service
 from ..review import letters, replays
-from ._common import (
-    _default_actor,
-    _emit,
-    _moment,
-    _opened,
-    _ts,
+from ..review.validation import checked_reason
+from .common import (
     actor_option,
     confirm,
     console,
     database_option,
     dead_letters,
+    default_actor,
+    emit_json,
     err_console,
     json_option,
+    letter_filter_options,
     limit_option,
     make_app,
+    opened_app,
     print_attempts,
     run,
+    show_time,
 )
-from ._common import transport_option as _transport_option
+from .common import transport_option as _transport_option
 
 
 @dead_letters.command("list")
@@ -49,43 +51,34 @@ from ._common import transport_option as _transport_option
     show_default=True,
     help="Only letters with this review status (all: any).",
 )
-@click.option("--queue", help="Only this queue.")
-@click.option(
-    "--category", type=click.Choice([c.value for c in Category]), help="Only this category."
-)
+@letter_filter_options
 @limit_option()
 @json_option
 def list_dead_letters(
     database_url: str | None,
     status: str,
-    queue: str | None,
-    category: str | None,
+    letter_filter: service.Filter,
     limit: int,
     as_json: bool,
 ) -> None:
     """List dead letters, newest first (no payloads; see `show`)."""
-    from ..review import deadletters
-
     app = make_app(database_url)
+    flt = dataclasses.replace(letter_filter, status=status)
 
-    async def go() -> list[Any]:
+    async def go() -> list[letters.DeadLetter]:
         async with app:
-            return await deadletters.letters(
-                app.db,
-                status=None if status == "all" else status,
-                queue=queue,
-                category=category,
-                limit=limit,
+            return await service.matching(
+                app.db, flt, actor=service.Actor(default_actor(), "cli"), limit=limit
             )
 
-    letters = run(go())
+    found = run(go())
     if as_json:
-        for letter in letters:
+        for letter in found:
             data = letter.summary()
             del data["history"]  # a list does not read the attempts: see `show`
             click.echo(json.dumps(data, ensure_ascii=False))
         return
-    if not letters:
+    if not found:
         console.print(f"no dead letters ({status}) in {app.url.display}")
         return
     table = Table(title=f"dead letters ({status}) — {app.url.display}")
@@ -101,7 +94,7 @@ def list_dead_letters(
         "replay of",
     ):
         table.add_column(column, overflow="fold")
-    for letter in letters:
+    for letter in found:
         table.add_row(
             str(letter.id),
             letter.failed_at.strftime("%Y-%m-%d %H:%M:%S"),
@@ -127,9 +120,9 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
     """Everything about one dead letter: payload, attempts, error, chain, audit trail."""
 
     async def go() -> service.LetterView:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             return await service.show(
-                app.db, letter_id, actor=service.Actor(_default_actor(), "cli")
+                app.db, letter_id, actor=service.Actor(default_actor(), "cli")
             )
 
     view = run(go())
@@ -139,7 +132,7 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
         data["payload"] = letters.payload_view(letter.payload)
         data["followers"] = view.followers
         data["audit"] = [e.to_json() for e in view.audit]
-        _emit(data)
+        emit_json(data)
         return
     table = Table(title=f"dead letter {letter.id}", show_header=False)
     table.add_column("field", style="bold")
@@ -154,12 +147,15 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
         ("error code", letter.error_code or "-"),
         ("last error", letter.last_error),
         ("attempts", str(letter.attempts)),
-        ("enqueued / failed", f"{_ts(letter.enqueued_at)} / {_ts(letter.failed_at)} UTC"),
+        (
+            "enqueued / failed",
+            f"{show_time(letter.enqueued_at)} / {show_time(letter.failed_at)} UTC",
+        ),
         ("replay of", str(letter.previous_id) if letter.previous_id else "-"),
         ("failed again as", ", ".join(map(str, view.followers)) or "-"),
     ]
     if letter.status != "pending_review":
-        rows.append(("reviewed", f"{letter.reviewed_by} at {_ts(letter.reviewed_at)} UTC"))
+        rows.append(("reviewed", f"{letter.reviewed_by} at {show_time(letter.reviewed_at)} UTC"))
         rows.append(("reason", letter.review_reason or "-"))
     for name, value in rows:
         table.add_row(name, value)
@@ -178,7 +174,9 @@ def show(letter_id: int, database_url: str | None, as_json: bool) -> None:
         for column in ("at", "actor", "via", "action", "reason"):
             trail.add_column(column, overflow="fold")
         for entry in view.audit:
-            trail.add_row(_ts(entry.at), entry.actor, entry.via, entry.action, entry.reason or "")
+            trail.add_row(
+                show_time(entry.at), entry.actor, entry.via, entry.action, entry.reason or ""
+            )
         console.print(trail)
 
 
@@ -205,7 +203,7 @@ def _preview_table(preview: replays.ReplayPreview) -> None:
         for row in preview.sample:
             sample.add_row(
                 str(row["id"]),
-                _ts(row["failed_at"]),
+                show_time(row["failed_at"]),
                 row["queue"],
                 row["job_id"],
                 row["last_error"][:100],
@@ -225,7 +223,7 @@ def _preview_table(preview: replays.ReplayPreview) -> None:
 
 def _report(status: replays.ReplayStatus, as_json: bool) -> None:
     if as_json:
-        _emit({**status.__dict__, "done": status.done})
+        emit_json({**status.__dict__, "done": status.done})
         return
     table = Table(
         title=f"bulk replay {status.id}: {status.state}, {status.done} of {status.total} done"
@@ -264,15 +262,7 @@ def _progress_runner(as_json: bool) -> tuple[Progress | None, Callable[[int, int
 @click.argument("letter_ids", nargs=-1, type=int)
 @database_option
 @_transport_option
-@click.option("--queue", help="Only letters of this queue.")
-@click.option("--consumer", help="Only letters of this consumer.")
-@click.option(
-    "--category", type=click.Choice([c.value for c in Category]), help="Only this category."
-)
-@click.option("--error", "error_text", help="Only letters whose error contains this (any case).")
-@click.option("--job-id", help="Only letters of this job_id.")
-@click.option("--since", help="Failed at or after: ISO time, or a duration ago (2h).")
-@click.option("--until", help="Failed before: ISO time, or a duration ago.")
+@letter_filter_options
 @click.option("--all-pending", is_flag=True, help="Every pending letter (no filter).")
 @click.option("--resume", "resume_id", type=int, help="Run (or finish) an earlier bulk replay.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -291,13 +281,7 @@ def replay(
     letter_ids: tuple[int, ...],
     database_url: str | None,
     transport: str | None,
-    queue: str | None,
-    consumer: str | None,
-    category: str | None,
-    error_text: str | None,
-    job_id: str | None,
-    since: str | None,
-    until: str | None,
+    letter_filter: service.Filter,
     all_pending: bool,
     resume_id: int | None,
     yes: bool,
@@ -314,9 +298,7 @@ def replay(
     through that fixed snapshot at --rate letters per second and reports each outcome.
     """
     who = service.Actor(actor, "cli")
-    filtered = any(
-        v is not None for v in (queue, consumer, category, error_text, job_id, since, until)
-    )
+    filtered = not letter_filter.is_empty
     if resume_id is not None and (letter_ids or filtered or all_pending):
         raise click.UsageError("--resume takes no letter ids or filters")
     if len(letter_ids) == 1 and not filtered and not all_pending and resume_id is None:
@@ -326,19 +308,10 @@ def replay(
         raise click.UsageError(
             "--json runs unattended: add --yes (and --expect N to pin the count)"
         )
-    flt = service.Filter(
-        queue=queue,
-        consumer=consumer,
-        category=category,
-        error=error_text,
-        job_id=job_id,
-        since=_moment(since, "--since"),
-        until=_moment(until, "--until"),
-        ids=letter_ids or None,
-    )
+    flt = dataclasses.replace(letter_filter, ids=letter_ids or None)
 
     async def go() -> replays.ReplayStatus | None:
-        async with _opened(database_url, transport) as app:
+        async with opened_app(database_url, transport) as app:
             if resume_id is not None:
                 status = await replays.replay_status(app.db, resume_id, actor=who)
                 if not as_json:
@@ -356,7 +329,7 @@ def replay(
                 question = f"Replay these {total} dead letters (snapshot {resume})?"
                 if total == 0:
                     if as_json:
-                        _emit({"replay_id": resume, "total": 0, "counts": {}})
+                        emit_json({"replay_id": resume, "total": 0, "counts": {}})
                     else:
                         console.print("nothing to replay: no pending letter matches")
                     return None
@@ -392,12 +365,12 @@ def _replay_one(
     as_json: bool,
 ) -> None:
     async def go() -> service.ItemResult:
-        async with _opened(database_url, transport) as app:
+        async with opened_app(database_url, transport) as app:
             return await service.replay(app.db, app.transport, letter_id, actor=who, reason=reason)
 
     result = run(go())
     if as_json:
-        _emit(result.__dict__)
+        emit_json(result.__dict__)
     elif result.outcome == "published":
         console.print(f"dead letter {letter_id}: republished with its job_id (outcome: published)")
     else:
@@ -418,10 +391,10 @@ def replay_report(
     replay_id: int, database_url: str | None, outcome: str | None, limit: int, as_json: bool
 ) -> None:
     """A bulk replay's status and its per-item report."""
-    who = service.Actor(_default_actor(), "cli")
+    who = service.Actor(default_actor(), "cli")
 
     async def go() -> tuple[replays.ReplayStatus, service.Page[dict[str, Any]]]:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             status = await replays.replay_status(app.db, replay_id, actor=who)
             items = await replays.replay_items(
                 app.db, replay_id, actor=who, outcome=outcome, limit=limit
@@ -431,7 +404,7 @@ def replay_report(
     status, items = run(go())
     if as_json:
         for item in items.items:
-            _emit(item)
+            emit_json(item)
         return
     _report(status, False)
     table = Table(title="items")
@@ -462,11 +435,11 @@ def discard(
 ) -> None:
     """Discard pending dead letters, saying why (the reason is kept and audited)."""
     who = service.Actor(actor, "cli")
-    service._reason(reason, required=True)  # a blank reason is refused before anything happens
+    checked_reason(reason, required=True)  # a blank reason is refused before anything happens
 
     async def go() -> list[tuple[int, str, str]]:
         results = []
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             for letter_id in letter_ids:
                 try:
                     await service.discard(app.db, letter_id, actor=who, reason=reason)
@@ -478,7 +451,7 @@ def discard(
     results = run(go())
     for letter_id, outcome, why in results:
         if as_json:
-            _emit({"dead_letter_id": letter_id, "outcome": outcome, "detail": why or None})
+            emit_json({"dead_letter_id": letter_id, "outcome": outcome, "detail": why or None})
         elif outcome == "discarded":
             console.print(f"dead letter {letter_id}: discarded")
         else:
@@ -509,10 +482,10 @@ def audit(
     as_json: bool,
 ) -> None:
     """The audit log, newest first: who did what, when and why."""
-    who = service.Actor(_default_actor(), "cli")
+    who = service.Actor(default_actor(), "cli")
 
     async def go() -> service.Page[service.AuditEntry]:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             return await service.audit(
                 app.db,
                 actor=who,
@@ -525,7 +498,7 @@ def audit(
     page = run(go())
     if as_json:
         for entry in page.items:
-            _emit(entry.to_json())
+            emit_json(entry.to_json())
         return
     if not page.items:
         console.print("the audit log has no matching entries")
@@ -547,7 +520,7 @@ def audit(
     for e in page.items:
         table.add_row(
             str(e.id),
-            _ts(e.at),
+            show_time(e.at),
             e.actor,
             e.via,
             e.action,

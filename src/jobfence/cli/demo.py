@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import require_extra
-from ._common import (
+from .common import (
     console,
     main_group,
     run,

@@ -19,25 +19,27 @@ from rich.table import Table
 
 from ..app import App
 from ..db import Database
-from ..errors import Category, InvalidRequest
+from ..errors import InvalidRequest
 from ..review import deadletters as service
 from ..review import discards, jobctl
-from ._common import (
-    _default_actor,
-    _emit,
-    _moment,
-    _ts,
+from ..review.validation import checked_reason
+from .common import (
     actor_option,
     confirm,
     console,
     database_option,
     dead_letters,
+    default_actor,
+    emit_json,
     json_option,
+    letter_filter_options,
     limit_option,
     main_group,
     make_app,
+    parse_moment,
     print_attempts,
     run,
+    show_time,
     transport_option,
 )
 
@@ -70,7 +72,7 @@ async def _queue(
 
 
 def _who(actor: str | None = None) -> service.Actor:
-    return service.Actor(actor or _default_actor(), "cli")
+    return service.Actor(actor or default_actor(), "cli")
 
 
 @jobs_group.command("list")
@@ -110,8 +112,8 @@ def list_jobs(
         job_id=job_id,
         correlation_id=correlation_id,
         error=error_text,
-        since=_moment(since, "--since"),
-        until=_moment(until, "--until"),
+        since=parse_moment(since, "--since"),
+        until=parse_moment(until, "--until"),
     )
 
     async def go() -> jobctl.JobPage:
@@ -121,16 +123,16 @@ def list_jobs(
     found = run(go())
     if as_json:
         for job in found.items:
-            _emit(job.to_json())
+            emit_json(job.to_json())
         return
     table = Table(title="jobs")
     for column in ("id", "queue", "job_id", "state", "attempts", "due / lease", "last error"):
         table.add_column(column, overflow="fold")
     for job in found.items:
         when = (
-            f"{job.worker_id} until {_ts(job.lease_expires_at)}"
+            f"{job.worker_id} until {show_time(job.lease_expires_at)}"
             if job.state == "running"
-            else _ts(job.run_at)
+            else show_time(job.run_at)
         )
         table.add_row(
             str(job.id),
@@ -160,7 +162,7 @@ def show_job(job: int, database_url: str | None, transport: str | None, as_json:
 
     view = run(go())
     if as_json:
-        _emit(view.to_json())
+        emit_json(view.to_json())
         return
     table = Table(title=f"job {job}", show_header=False)
     table.add_column("field", style="bold")
@@ -172,11 +174,11 @@ def show_job(job: int, database_url: str | None, transport: str | None, as_json:
         ("correlation_id", j.correlation_id or "-"),
         ("state", j.state),
         ("attempts", str(j.attempts)),
-        ("due", f"{_ts(j.run_at)} UTC"),
-        ("worker / lease", f"{j.worker_id} until {_ts(j.lease_expires_at)} UTC")
+        ("due", f"{show_time(j.run_at)} UTC"),
+        ("worker / lease", f"{j.worker_id} until {show_time(j.lease_expires_at)} UTC")
         if j.state == "running"
         else ("worker / lease", "-"),
-        ("enqueued", f"{_ts(j.enqueued_at)} UTC"),
+        ("enqueued", f"{show_time(j.enqueued_at)} UTC"),
         ("partner", j.partner or "-"),
     ):
         table.add_row(name, value)
@@ -208,7 +210,7 @@ def cancel(
 ) -> None:
     """Cancel a waiting or retrying job: it leaves the queue and is kept as a discarded dead
     letter (error code CANCELLED) with the reason. A running job is refused at once."""
-    service._reason(reason, required=True)  # a blank reason is refused before connecting
+    checked_reason(reason, required=True)  # a blank reason is refused before connecting
 
     async def go() -> jobctl.CancelResult:
         async with _queue(database_url, transport) as (app, qdb):
@@ -223,7 +225,7 @@ def cancel(
 
     done = run(go())
     if as_json:
-        _emit({"job": done.job.to_json(), "dead_letter_id": done.dead_letter_id})
+        emit_json({"job": done.job.to_json(), "dead_letter_id": done.dead_letter_id})
     else:
         console.print(
             f"job {job} ({done.job.job_id}) cancelled: kept as dead letter "
@@ -256,7 +258,7 @@ def retry_now(
 
     done = run(go())
     if as_json:
-        _emit(done.to_json())
+        emit_json(done.to_json())
     else:
         console.print(f"job {job} ({done.job_id}) is due now")
 
@@ -277,7 +279,7 @@ def list_queues(database_url: str | None, transport: str | None, as_json: bool) 
     found, unserved = run(go())
     if as_json:
         for info in found:
-            _emit(info.to_json())
+            emit_json(info.to_json())
         return
     table = Table(title="queues")
     for column in ("queue", "waiting", "running", "retrying", "dead letters", "paused", "served"):
@@ -329,7 +331,7 @@ def _pause_or_resume(action: str) -> click.Command:
 
         info = run(go())
         if as_json:
-            _emit(info.to_json())
+            emit_json(info.to_json())
         else:
             console.print(f"queue {queue} {action}d ({info.waiting} waiting)")
 
@@ -342,15 +344,7 @@ resume = _pause_or_resume("resume")
 
 @dead_letters.command("discard-matching")
 @database_option
-@click.option("--queue", help="Only letters of this queue.")
-@click.option("--consumer", help="Only letters of this consumer.")
-@click.option(
-    "--category", type=click.Choice([c.value for c in Category]), help="Only this category."
-)
-@click.option("--error", "error_text", help="Only letters whose error contains this (any case).")
-@click.option("--job-id", help="Only letters of this job_id.")
-@click.option("--since", help="Failed at or after: ISO time, or a duration ago (2h).")
-@click.option("--until", help="Failed before: ISO time, or a duration ago.")
+@letter_filter_options
 @click.option("--all-pending", is_flag=True, help="Every pending letter (no filter).")
 @click.option("--reason", required=True, help="Why they need no replay (required).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -359,13 +353,7 @@ resume = _pause_or_resume("resume")
 @json_option
 def discard_matching(
     database_url: str | None,
-    queue: str | None,
-    consumer: str | None,
-    category: str | None,
-    error_text: str | None,
-    job_id: str | None,
-    since: str | None,
-    until: str | None,
+    letter_filter: service.Filter,
     all_pending: bool,
     reason: str,
     yes: bool,
@@ -376,18 +364,10 @@ def discard_matching(
     """Bulk discard, the mirror of a bulk replay: shows what the filter matches (count,
     breakdown, sample), asks for confirmation, then discards those pending letters with the
     reason in one transaction, each audited. Letters written after the preview stay."""
-    service._reason(reason, required=True)
+    checked_reason(reason, required=True)
     if as_json and not yes:
         raise click.UsageError("--json runs unattended: add --yes (and --expect N)")
-    flt = service.Filter(
-        queue=queue,
-        consumer=consumer,
-        category=category,
-        error=error_text,
-        job_id=job_id,
-        since=_moment(since, "--since"),
-        until=_moment(until, "--until"),
-    )
+    flt = letter_filter
     who = _who(actor)
 
     async def go() -> discards.DiscardResult | None:
@@ -416,7 +396,7 @@ def discard_matching(
 
     done = run(go())
     if as_json:
-        _emit({"discarded": done.discarded if done else 0, "ids": done.ids if done else []})
+        emit_json({"discarded": done.discarded if done else 0, "ids": done.ids if done else []})
     elif done is None:
         console.print("nothing to discard: no pending letter matches")
     else:

@@ -15,19 +15,19 @@ from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, c
 from ..core.jobs import check_job_id, check_queue
 from ..errors import DatabaseUnavailable
 from ..sql import DEFAULT_SCHEMA, Dialect
-from ._common import (
+from .common import (
     ENV_APP,
     Duration,
-    _emit,
-    _queue_list,
     console,
     database_option,
     database_url_option,
+    emit_json,
     json_option,
     log_options,
     main_group,
     make_app,
     metrics_options,
+    queue_list,
     run,
     serve_probes,
     transport_option,
@@ -84,7 +84,7 @@ def migrate(
     app = make_app(database_url, create=True)
     applied = run(_migrate_when_reachable(app, wait))
     if as_json:
-        _emit({"database": app.url.display, "schema": app.url.schema, "applied": applied})
+        emit_json({"database": app.url.display, "schema": app.url.schema, "applied": applied})
     elif applied:
         console.print(f"applied migrations {', '.join(map(str, applied))} to {app.url.display}")
     else:
@@ -228,7 +228,7 @@ def worker(
     logs.configure(log_level, log_format)
     app = make_app(database_url, transport, app_spec=app_spec, create=True, long_running=True)
     w = app.worker(
-        queues=_queue_list(queues),
+        queues=queue_list(queues),
         concurrency=concurrency,
         shutdown_grace=shutdown_grace.total_seconds(),
         prefetch=prefetch,
@@ -333,7 +333,7 @@ def enqueue(
     if unserved:
         click.echo(unserved, err=True)
     if as_json:
-        _emit({"job_id": found, "queue": queue})
+        emit_json({"job_id": found, "queue": queue})
     else:
         console.print(found)
 

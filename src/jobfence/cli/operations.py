@@ -18,23 +18,23 @@ from ..core.fence import exposure as fence_exposure
 from ..core.retry import DEFAULT_POLICY
 from ..errors import require_extra
 from ..review import deadletters as service
-from ._common import (
+from .common import (
     POSITIVE,
     Duration,
-    _emit,
-    _opened,
-    _ts,
     actor_option,
     console,
     database_option,
+    emit_json,
     err_console,
     json_option,
     limit_option,
     log_options,
     main_group,
+    opened_app,
     run,
+    show_time,
 )
-from ._common import transport_option as _transport_option
+from .common import transport_option as _transport_option
 
 # -- cleanup -------------------------------------------------------------------------------------
 
@@ -96,11 +96,11 @@ def cleanup(
     every = interval
 
     async def go() -> None:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             if once:
                 result = await cleanup_fences(app.db, min_age=age, batch=batch)
                 if as_json:
-                    _emit({**result.__dict__, "ran": result.ran})
+                    emit_json({**result.__dict__, "ran": result.ran})
                 elif result.busy:
                     console.print(f"another cleaner is running ({result.busy}); nothing done")
                 else:
@@ -201,7 +201,7 @@ def ops_serve(
         # Open the App before uvicorn starts: an unreachable or unmigrated database is then
         # a JobfenceError (one line from main()), not a failed lifespan's traceback.
         # The lifespan closes it at shutdown (uvicorn re-raises SIGTERM after that).
-        async with _opened(database_url, transport, long_running=True) as app:
+        async with opened_app(database_url, transport, long_running=True) as app:
             api = create_app(
                 max_body=max_body, jobfence_app=app, close_app=True, session_ttl=session_ttl
             )
@@ -263,7 +263,7 @@ def token_create(
     who = service.Actor(actor, "cli")
 
     async def go() -> str:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             return await create_token(
                 app.db,
                 name=name,
@@ -276,7 +276,7 @@ def token_create(
 
     token = run(go())
     if as_json:
-        _emit({"name": name, "role": role, "partner": partner, "token": token})
+        emit_json({"name": name, "role": role, "partner": partner, "token": token})
         return
     if sys.stdout.isatty():
         err_console.print(f"token for {name} ({role}{', partner ' + partner if partner else ''}):")
@@ -293,7 +293,7 @@ def token_list(database_url: str | None, include_revoked: bool, as_json: bool) -
     from ..ops.auth import list_tokens
 
     async def go() -> list[dict[str, Any]]:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             return await list_tokens(app.db, include_revoked=include_revoked)
 
     from ..db import to_datetime
@@ -304,7 +304,7 @@ def token_list(database_url: str | None, include_revoked: bool, as_json: bool) -
     ]
     if as_json:
         for t in tokens:
-            _emit(t)
+            emit_json(t)
         return
     table = Table(title="ops tokens")
     for column in ("id", "name", "role", "partner", "created", "expires", "revoked"):
@@ -315,9 +315,9 @@ def token_list(database_url: str | None, include_revoked: bool, as_json: bool) -
             t["name"],
             t["role"],
             t["partner"] or "-",
-            _ts(t["created_at"]),
-            _ts(t["expires_at"]),
-            _ts(t["revoked_at"]),
+            show_time(t["created_at"]),
+            show_time(t["expires_at"]),
+            show_time(t["revoked_at"]),
         )
     console.print(table)
 
@@ -335,13 +335,13 @@ def token_revoke(name: str, database_url: str | None, actor: str, as_json: bool)
     who = service.Actor(actor, "cli")
 
     async def go() -> bool:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             return await revoke_token(app.db, name, actor=who)
 
     if not run(go()):
         raise click.UsageError(f"no active token named {name!r}")
     if as_json:
-        _emit({"name": name, "revoked": True})
+        emit_json({"name": name, "revoked": True})
     else:
         console.print(f"revoked {name}")
 
@@ -389,7 +389,7 @@ def alerts_deliver(
     every = interval
 
     async def go() -> None:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             dispatcher = AlertDispatcher(app.db, sinks, window=grouping)
             if once:
                 try:
@@ -397,7 +397,7 @@ def alerts_deliver(
                 finally:
                     await dispatcher.close()
                 if as_json:
-                    _emit(result.__dict__)
+                    emit_json(result.__dict__)
                 else:
                     console.print(
                         f"grouped {result.events} events into {result.alerts} alerts; delivered "
@@ -425,7 +425,7 @@ def alerts_list(database_url: str | None, limit: int, as_json: bool) -> None:
     from ..db import to_datetime
 
     async def go() -> list[dict[str, Any]]:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             return await recent_alerts(app.db, limit)
 
     rows = run(go())
@@ -440,7 +440,7 @@ def alerts_list(database_url: str | None, limit: int, as_json: bool) -> None:
     rows = [{**r, **{k: to_datetime(r[k]) for k in times}} for r in rows]
     if as_json:
         for row in rows:
-            _emit(row)
+            emit_json(row)
         return
     table = Table(title="alerts")
     for column in (
@@ -463,7 +463,7 @@ def alerts_list(database_url: str | None, limit: int, as_json: bool) -> None:
             r["category"],
             str(r["count"]),
             r["sink"] or "-",
-            _ts(r["delivered_at"]),
+            show_time(r["delivered_at"]),
             str(r["attempts"] if r["attempts"] is not None else "-"),
             r["last_error"] or "",
         )

@@ -18,15 +18,15 @@ from rich.table import Table
 from .. import outbox
 from ..errors import ReviewConflict
 from ..outbox.relay import Relay
-from ._common import (
+from .common import (
     ENV_APP,
     POSITIVE,
-    _emit,
     actor_option,
     confirm,
     console,
     database_option,
     database_url_option,
+    emit_json,
     err_console,
     json_option,
     limit_option,
@@ -324,7 +324,7 @@ def redrive(
     done = run(go())
     missing = sorted(set(event_ids) - set(done or ()))
     if as_json:
-        _emit({"redriven": done or [], "not_redriven": missing})
+        emit_json({"redriven": done or [], "not_redriven": missing})
         return
     if done is None:
         console.print("nothing to re-drive: no event is PUBLISH_FAILED_RETRY")
@@ -359,6 +359,6 @@ def cleanup(database_url: str | None, retention: timedelta, as_json: bool) -> No
 
     deleted = run(go())
     if as_json:
-        _emit({"deleted": deleted, "retention_s": retention.total_seconds()})
+        emit_json({"deleted": deleted, "retention_s": retention.total_seconds()})
     else:
         console.print(f"deleted {deleted} published event(s) older than {retention}")

@@ -8,14 +8,14 @@ from rich.table import Table
 
 from ..review import stats as counts
 from ..review.deadletters import Actor
-from ._common import (
-    _default_actor,
-    _emit,
-    _opened,
+from .common import (
     console,
     database_option,
     dead_letters,
+    default_actor,
+    emit_json,
     json_option,
+    opened_app,
     run,
 )
 
@@ -28,17 +28,19 @@ def stats(database_url: str | None, as_json: bool) -> None:
     and running, the oldest waiting job's age, and (with --app) whether the app serves it."""
 
     async def go() -> counts.Stats:
-        async with _opened(database_url) as app:
+        async with opened_app(database_url) as app:
             return await counts.stats(
                 app.db,
-                actor=Actor(_default_actor(), "cli"),
+                actor=Actor(default_actor(), "cli"),
                 queue_db=app.transport.queue_db,
                 served=app.consumed_queues,
             )
 
     found = run(go())
     if as_json:
-        _emit({"letters": found.letters, "queue_depth": found.queue_depth, "queues": found.queues})
+        emit_json(
+            {"letters": found.letters, "queue_depth": found.queue_depth, "queues": found.queues}
+        )
         return
     table = Table(title="dead letters")
     for column in ("queue", "category", "status", "letters"):

@@ -12,10 +12,14 @@ Job states in the database queue (enforced by CHECK constraints, drawn in docs/c
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
+
+from ..errors import EnqueueError
+from .codec import encode
 
 T = TypeVar("T")
 
@@ -242,3 +246,56 @@ def check_utf8(name: str, value: str) -> str:
             "travel as UTF-8 text, use valid characters"
         ) from None
     return value
+
+
+@dataclass(frozen=True)
+class OutgoingJob:
+    """A job on its way into a queue."""
+
+    queue: str
+    job_id: str
+    payload: bytes
+    correlation_id: str | None = None
+    delay: float = 0.0  # seconds
+    #: the W3C trace context it travels with (:func:`jobfence.core.jobs.trace_context_of`)
+    trace_context: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "job_id": self.job_id,
+            "payload": self.payload,
+            "correlation_id": self.correlation_id,
+            "delay": float(self.delay),
+            "partner": partner_of(self.payload),
+            "trace_context": self.trace_context,
+        }
+
+
+def outgoing_job(
+    queue: str,
+    payload: Any,
+    *,
+    job_id: str | None = None,
+    correlation_id: str | None = None,
+    delay: timedelta | float | None = None,
+) -> OutgoingJob:
+    """Validate and encode one job (``App.job``, what every enqueue and outbox write does
+    before it writes); :class:`~jobfence.errors.EnqueueError` says what is wrong."""
+    try:
+        check_utf8("queue", check_queue(queue))
+        job_id = check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
+        check_utf8("job_id", job_id)
+        if correlation_id is not None:
+            if not isinstance(correlation_id, str) or "\x00" in correlation_id:
+                raise ValueError("correlation_id must be a string without NUL characters")
+            if len(correlation_id) > 255:
+                raise ValueError("correlation_id is longer than 255 characters")
+            check_utf8("correlation_id", correlation_id)
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay or 0)
+        if seconds < 0:
+            raise ValueError("delay must not be negative")
+        data = encode(payload)
+    except ValueError as exc:
+        raise EnqueueError(str(exc)) from None
+    return OutgoingJob(queue, job_id, data, correlation_id, seconds)

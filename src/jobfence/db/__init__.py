@@ -19,8 +19,27 @@ from datetime import UTC, datetime
 from typing import Any, LiteralString, Protocol
 
 from ..config import DatabaseURL
-from ..errors import ConfigurationError, TransactionBoundaryError
+from ..errors import (
+    ConfigurationError,
+    TransactionBoundaryError,
+    register_classifier,
+    register_coder,
+)
 from ..sql import Dialect, queries
+from .translate import (
+    DATA_ERROR,
+    DRIVER_ERROR,
+    classify_driver_error,
+    driver_code,
+    is_connection_lost,
+    is_data_error,
+    is_unique_violation,
+)
+
+# the drivers' errors take part in errors.classify and errors.error_code (errors.py knows
+# no driver)
+register_classifier(classify_driver_error)
+register_coder(driver_code)
 
 Params = Sequence[Any] | Mapping[str, Any] | None
 Row = dict[str, Any]
@@ -385,7 +404,9 @@ class SyncTx:
             raise let_go(self._ended)
         return await coro
 
-    def _run(self, coro: Any) -> Any:
+    def run_sync(self, coro: Any) -> Any:
+        """Run ``coro`` (a statement of the job's transaction) on the worker's loop and wait
+        for it here, in the handler's thread; refused once the job let go of it."""
         if self._ended is not None:
             coro.close()
             raise let_go(self._ended)
@@ -406,28 +427,28 @@ class SyncTx:
             self._pending.discard(future)
 
     def execute(self, sql: str, params: Params = None) -> int:
-        result: int = self._run(self._tx.execute(sql, params))
+        result: int = self.run_sync(self._tx.execute(sql, params))
         return result
 
     def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
-        result: list[tuple[Any, ...]] = self._run(self._tx.fetchall(sql, params))
+        result: list[tuple[Any, ...]] = self.run_sync(self._tx.fetchall(sql, params))
         return result
 
     def fetchone(self, sql: str, params: Params = None) -> tuple[Any, ...] | None:
-        result: tuple[Any, ...] | None = self._run(self._tx.fetchone(sql, params))
+        result: tuple[Any, ...] | None = self.run_sync(self._tx.fetchone(sql, params))
         return result
 
     @contextmanager
     def savepoint(self) -> Iterator[SyncTx]:
         """See :meth:`Tx.savepoint`."""
         manager = self._tx.savepoint()
-        self._run(manager.__aenter__())
+        self.run_sync(manager.__aenter__())
         try:
             yield self
         except BaseException as exc:
-            self._run(manager.__aexit__(type(exc), exc, exc.__traceback__))
+            self.run_sync(manager.__aexit__(type(exc), exc, exc.__traceback__))
             raise
-        self._run(manager.__aexit__(None, None, None))
+        self.run_sync(manager.__aexit__(None, None, None))
 
 
 def to_datetime(value: Any) -> datetime | None:
@@ -538,15 +559,6 @@ def connect(url: DatabaseURL, *, lock_timeout: float | None = None) -> Database:
 
     return SQLiteDatabase(url, lock_timeout=lock_timeout)
 
-
-# the drivers' errors, translated (registers their classifiers with jobfence.errors)
-from .translate import (  # noqa: E402
-    DATA_ERROR,
-    DRIVER_ERROR,
-    is_connection_lost,
-    is_data_error,
-    is_unique_violation,
-)
 
 __all__ = [
     "DATA_ERROR",

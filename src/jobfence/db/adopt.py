@@ -113,7 +113,7 @@ class SyncConnection:
         """One named statement; its rows as dicts."""
         conn = self.connection
         if isinstance(conn, SyncTx):
-            rows: list[Row] = conn._run(conn.async_tx.q(name, params))
+            rows: list[Row] = conn.run_sync(conn.async_tx.q(name, params))
             return rows
         if isinstance(conn, sqlite3.Connection):
             cur = conn.execute(self._sql[name], params)
@@ -128,7 +128,7 @@ class SyncConnection:
         """One named statement per parameter set."""
         conn = self.connection
         if isinstance(conn, SyncTx):
-            conn._run(conn.async_tx.qmany(name, params))
+            conn.run_sync(conn.async_tx.qmany(name, params))
         elif isinstance(conn, sqlite3.Connection):
             conn.executemany(self._sql[name], params)
         else:

@@ -74,7 +74,7 @@ def _query_text(query: Any, conn: psycopg.AsyncConnection[Any]) -> str:
     return ""  # a template string: its static text decides nothing here
 
 
-def _boundary_error(exc: psycopg.Error) -> TransactionBoundaryError | None:
+def boundary_error(exc: psycopg.Error) -> TransactionBoundaryError | None:
     """jobfence's own server-side guards, as the job failure they stand for."""
     state = exc.sqlstate or ""
     if state in _GUARD_STATES:
@@ -413,7 +413,7 @@ def _token() -> str:
     return f"{_PID}.{next(_tokens)}"
 
 
-async def _commit(
+async def fenced_commit(
     conn: psycopg.AsyncConnection[Any],
     sql: Mapping[str, LiteralString],
     params: Mapping[str, Any],
@@ -431,7 +431,7 @@ async def _commit(
             else:
                 await cur.execute(sql["lend_commit_and_commit"], params)
     except psycopg.Error as exc:
-        problem = _boundary_error(exc)
+        problem = boundary_error(exc)
         if problem is not None:
             raise problem from exc
         raise
@@ -551,7 +551,7 @@ class PostgresDatabase(Database):
                 problem = _status_problem(conn, guard)
                 if problem is not None:
                     raise problem
-                await _commit(conn, self.sql, params, tx.at_commit)
+                await fenced_commit(conn, self.sql, params, tx.at_commit)
             except BaseException:
                 if conn.info.transaction_status != TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):
@@ -582,7 +582,7 @@ class PostgresDatabase(Database):
                         await conn.execute("COMMIT")
                         await pipeline.sync()
                     except psycopg.Error as exc:
-                        problem = _boundary_error(exc)
+                        problem = boundary_error(exc)
                         if problem is not None:
                             raise BatchLost(problem) from exc
                         raise

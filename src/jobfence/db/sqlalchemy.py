@@ -241,9 +241,9 @@ class EngineWork:
             tx.guard = guard
             _lend(conn._proxied, guard)
             if self.dialect == "sqlite":
-                from .sqlite import _Lent
+                from .sqlite import LentGuard
 
-                authorizer = _Lent()
+                authorizer = LentGuard()
                 authorizer.guard = guard
                 await driver.set_authorizer(authorizer.authorize)
             try:
@@ -276,9 +276,11 @@ class EngineWork:
             if problem is not None:
                 raise problem
             if self.dialect == "postgresql":
-                from .postgres import _commit
+                from .postgres import fenced_commit
 
-                await _commit(driver, self.sql, params)  # the fence's check and COMMIT, one trip
+                await fenced_commit(
+                    driver, self.sql, params
+                )  # the fence's check and COMMIT, one trip
             await outer.commit()  # (on PostgreSQL the driver is idle now: SQLAlchemy's bookkeeping)
         except BaseException:
             await asyncio.shield(_abandon(tx, driver))
@@ -453,9 +455,9 @@ class SessionWork:
         _lend(self.conn, guard)
         sqlite = self.dialect == "sqlite"
         if sqlite:
-            from .sqlite import _Lent
+            from .sqlite import LentGuard
 
-            authorizer = _Lent()
+            authorizer = LentGuard()
             authorizer.guard = guard
             self.driver.set_authorizer(authorizer.authorize)
         try:
@@ -488,13 +490,13 @@ class SessionWork:
             import psycopg
             from psycopg import ClientCursor
 
-            from .postgres import _boundary_error
+            from .postgres import boundary_error
 
             try:  # the fence's check and COMMIT in one round trip
                 with ClientCursor(self.driver) as cur:
                     cur.execute(self.host.sql["lend_commit_and_commit"], self.token)
             except psycopg.Error as exc:
-                problem = _boundary_error(exc)
+                problem = boundary_error(exc)
                 if problem is not None:
                     raise problem from exc
                 raise

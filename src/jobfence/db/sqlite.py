@@ -33,7 +33,7 @@ _COMMIT = "COMMIT -- jobfence"
 _ROLLBACK = "ROLLBACK -- jobfence"
 
 
-class _Lent:
+class LentGuard:
     """The guard of the transaction a connection has lent to a handler, if any."""
 
     __slots__ = ("guard",)
@@ -124,11 +124,11 @@ class SqliteTx(Tx):
 
     async def script(self, sql: LiteralString) -> None:
         # executescript would COMMIT first; run statement by statement inside our transaction
-        for statement in _split(sql):
+        for statement in split_script(sql):
             await self._conn.execute(statement)
 
 
-def _split(script: str) -> list[str]:
+def split_script(script: str) -> list[str]:
     statements, buffer = [], ""
     for line in script.splitlines(keepends=True):
         buffer += line
@@ -182,7 +182,7 @@ class SQLiteDatabase(Database):
         self._all: list[aiosqlite.Connection] = []
         self._lock: asyncio.Lock | None = None
         self._opened = False
-        self._lent: dict[aiosqlite.Connection, _Lent] = {}
+        self._lent: dict[aiosqlite.Connection, LentGuard] = {}
 
     async def open(self, max_size: int = 10) -> None:
         if self._opened:
@@ -204,7 +204,7 @@ class SQLiteDatabase(Database):
             await conn.execute("PRAGMA journal_mode = WAL")
             await conn.execute("PRAGMA synchronous = FULL")
             await conn.execute("PRAGMA foreign_keys = ON")
-            lent = _Lent()
+            lent = LentGuard()
             await conn.set_authorizer(lent.authorize)
         except sqlite3.Error as exc:
             raise DatabaseUnavailable(f"cannot open {self.display}: {exc}") from None

@@ -1,8 +1,9 @@
 """Driver errors, translated at the edge: which are transient, which are unique violations.
 
-Both drivers (psycopg 3 and the standard library's sqlite3) are core dependencies, so this
-module registers both classifiers with :func:`jobfence.errors.register_classifier` when the
-database package is imported; nothing outside :mod:`jobfence.db` imports a driver's errors.
+Both drivers (psycopg 3 and the standard library's sqlite3) are core dependencies: the
+database package registers :func:`classify_driver_error` and :func:`driver_code` with
+:mod:`jobfence.errors` (``register_classifier``, ``register_coder``) when it is imported;
+nothing outside :mod:`jobfence.db` imports a driver's errors.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sqlite3
 import psycopg
 import psycopg.errors
 
-from ..errors import Category, register_classifier, register_coder
+from ..errors import Category
 
 _TEMPORARY_PG: tuple[type[BaseException], ...] = (
     psycopg.errors.SerializationFailure,
@@ -153,7 +154,3 @@ def driver_code(exc: BaseException) -> str | None:
             return "TX_ABORTED"
         return type(exc).__name__
     return None
-
-
-register_classifier(classify_driver_error)
-register_coder(driver_code)

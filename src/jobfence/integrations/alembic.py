@@ -33,7 +33,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from ..config import check_schema_name, env_schema
-from ..db.sqlite import _split
+from ..db.sqlite import split_script
 from ..errors import ConfigurationError
 from ..sql import DEFAULT_SCHEMA, Dialect, migrations, queries
 
@@ -68,7 +68,7 @@ def migrate(connection: Connection, *, schema: str | None = None) -> list[int]:
         if dialect == "postgresql":
             connection.exec_driver_sql(text, execution_options=raw)
             return
-        for statement in _split(text):  # sqlite3 runs one statement per call
+        for statement in split_script(text):  # sqlite3 runs one statement per call
             connection.exec_driver_sql(statement, execution_options=raw)
 
     def run(name: str, params: dict[str, Any] | None = None) -> list[Any]:

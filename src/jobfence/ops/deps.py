@@ -14,13 +14,13 @@ from ..app import App
 from ..db import Database
 from ..errors import ReviewConflict
 from ..review import deadletters as service
-from ..review import replays
+from ..review import replays, validation
 from . import models
 from .auth import Principal, require
 
 log = logging.getLogger("jobfence.ops")
 
-MAX_ID = service.MAX_ID  # ids and cursors are bigint (PostgreSQL) / INTEGER (SQLite)
+MAX_ID = validation.MAX_ID  # ids and cursors are bigint (PostgreSQL) / INTEGER (SQLite)
 
 Responses = dict[int | str, dict[str, Any]]
 

@@ -7,10 +7,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..review.deadletters import MAX_ID, MAX_IDS, MAX_REASON, AuditEntry, ItemOutcome, LetterView
+from ..review.deadletters import AuditEntry, ItemOutcome, LetterView
 from ..review.letters import DeadLetter
 from ..review.letters import payload_view as _payload_view
 from ..review.replays import ReplayPreview, ReplayStatus
+from ..review.validation import MAX_ID, MAX_IDS, MAX_REASON
 
 #: A letter or replay id: what the stores hold (bigint / INTEGER), so 422, never an overflow.
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]

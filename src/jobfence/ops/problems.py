@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..db import DATA_ERROR, DRIVER_ERROR, is_connection_lost
 from ..errors import DatabaseUnavailable, InvalidRequest, NotFound, ReviewConflict
-from ..review.deadletters import MAX_ID
+from ..review.validation import MAX_ID
 
 log = logging.getLogger("jobfence.ops")
 

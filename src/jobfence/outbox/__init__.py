@@ -28,17 +28,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .. import tracing
+from ..core.jobs import outgoing_job
 from ..db import Database, Tx, to_datetime
 from ..db.adopt import SyncConnection, adopt_async
 from ..errors import ConfigurationError, EnqueueError, InvalidRequest
-from ..store import OutgoingJob
 
 log = logging.getLogger("jobfence.outbox")
 
@@ -62,9 +62,7 @@ def _event(
     key: str | None,
     correlation_id: str | None,
 ) -> dict[str, Any]:
-    from ..app import App
-
-    job = App.job(queue, payload, job_id=event_id, correlation_id=correlation_id)
+    job = outgoing_job(queue, payload, job_id=event_id, correlation_id=correlation_id)
     if key is not None:
         if not isinstance(key, str) or not key or "\x00" in key:
             raise EnqueueError("the ordering key must be a non-empty string without NUL")
@@ -397,56 +395,3 @@ async def cleanup(db: Database, retention: timedelta = DEFAULT_RETENTION, batch:
         total += len(rows)
         if len(rows) < batch:
             return total
-
-
-# -- what a relay publishes (jobfence.outbox.relay) -----------------------------------------
-
-
-@dataclass(frozen=True)
-class OutboxEvent:
-    """An event as a relay publishes it."""
-
-    id: int
-    event_id: str
-    queue: str
-    ordering_key: str | None
-    correlation_id: str | None
-    payload: bytes
-    attempts: int
-    claim: Any = None
-    #: the W3C trace context of the event's ``create`` span; its job carries it
-    trace_context: str | None = None
-
-    def job(self) -> OutgoingJob:
-        return OutgoingJob(
-            self.queue,
-            self.event_id,
-            self.payload,
-            self.correlation_id,
-            trace_context=self.trace_context,
-        )
-
-
-class RelayObserver:
-    """Hooks of a relay; no-ops by default. A hook that raises is logged and ignored."""
-
-    async def published(self, events: Sequence[OutboxEvent]) -> None:
-        """The transport accepted ``events``; they are not marked published yet (a crash now
-        means they are published again, and the consumer's fence absorbs it). On the
-        database queue of the same database (:attr:`Relay.direct`) they are queued and
-        marked in one transaction, and this runs after its commit."""
-
-    def publish_failed(self, event: OutboxEvent, error: str, gave_up: bool) -> None:
-        """One attempt failed; ``gave_up`` when the event is now PUBLISH_FAILED_RETRY."""
-
-
-OnPublished = Callable[[Tx, Sequence[OutboxEvent]], Awaitable[None]]
-
-
-@dataclass
-class RelayStats:
-    published: int = 0
-    failed_attempts: int = 0
-    gave_up: int = 0
-    rounds: int = 0
-    cleaned: int = 0

@@ -20,31 +20,74 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Any
 
 from prometheus_client import Counter
 
+from ..core.jobs import OutgoingJob
 from ..core.retry import RetryPolicy
 from ..db import Database, Tx
 from ..errors import Category, ConfigurationError, classify, describe, error_code
 from ..metrics import RELAYS
+from ..runtime.context import RuntimeSource
 from ..runtime.health import Health, register, unregister
-from . import (  # also importable from here
-    DEFAULT_RETENTION,
-    PUBLISH_FAILED_RETRY,
-    OnPublished,
-    OutboxEvent,
-    RelayObserver,
-    RelayStats,
-    cleanup,
-)
-
-if TYPE_CHECKING:
-    from ..app import App
+from . import DEFAULT_RETENTION, PUBLISH_FAILED_RETRY, cleanup
 
 log = logging.getLogger("jobfence.relay")
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """An event as a relay publishes it."""
+
+    id: int
+    event_id: str
+    queue: str
+    ordering_key: str | None
+    correlation_id: str | None
+    payload: bytes
+    attempts: int
+    claim: Any = None
+    #: the W3C trace context of the event's ``create`` span; its job carries it
+    trace_context: str | None = None
+
+    def job(self) -> OutgoingJob:
+        return OutgoingJob(
+            self.queue,
+            self.event_id,
+            self.payload,
+            self.correlation_id,
+            trace_context=self.trace_context,
+        )
+
+
+class RelayObserver:
+    """Hooks of a relay; no-ops by default. A hook that raises is logged and ignored."""
+
+    async def published(self, events: Sequence[OutboxEvent]) -> None:
+        """The transport accepted ``events``; they are not marked published yet (a crash now
+        means they are published again, and the consumer's fence absorbs it). On the
+        database queue of the same database (:attr:`Relay.direct`) they are queued and
+        marked in one transaction, and this runs after its commit."""
+
+    def publish_failed(self, event: OutboxEvent, error: str, gave_up: bool) -> None:
+        """One attempt failed; ``gave_up`` when the event is now PUBLISH_FAILED_RETRY."""
+
+
+OnPublished = Callable[[Tx, Sequence[OutboxEvent]], Awaitable[None]]
+
+
+@dataclass
+class RelayStats:
+    published: int = 0
+    failed_attempts: int = 0
+    gave_up: int = 0
+    rounds: int = 0
+    cleaned: int = 0
+
 
 CHANNEL = "jobfence_outbox"
 #: Seed 004 §10.3: the outbox publisher makes 5 attempts, then PUBLISH_FAILED_RETRY.
@@ -98,7 +141,7 @@ class Relay:
 
     def __init__(
         self,
-        app: App,
+        app: RuntimeSource,
         *,
         batch_size: int | None = None,
         poll_interval: float | None = None,
@@ -151,12 +194,8 @@ class Relay:
         """Whether a round is one statement (claim, queue as jobs, mark published): the
         app's queue is the job table of this same PostgreSQL database (unless
         ``one_transaction=False`` asks for the publish-then-mark rounds of other queues)."""
-        transport = self.app.transport
-        possible = (
-            self.db.dialect == "postgresql"
-            and transport.shares_database
-            and transport.queue_db is self.db
-        )
+        transport = self.app.runtime.transport
+        possible = self.db.dialect == "postgresql" and transport.commits_with(self.db)
         if self._one_transaction and not possible:
             raise ConfigurationError(
                 "one_transaction=True needs the app's queue to be the job table of the same "
@@ -182,7 +221,7 @@ class Relay:
 
     @property
     def db(self) -> Database:
-        return self.app.db
+        return self.app.runtime.db
 
     def wake(self) -> None:
         """Look for events now (events were written in this process)."""
@@ -264,7 +303,7 @@ class Relay:
             extra={
                 "relay": self.relay_id,
                 "database": self.db.display,
-                "transport": self.app.transport.name,
+                "transport": self.app.runtime.transport.name,
             },
         )
         try:
@@ -456,10 +495,10 @@ class Relay:
         self.stats.rounds += 1
         if not events:
             return 0
-        traces = self.app.tracing
+        traces = self.app.runtime.tracing
         if traces is not None:
-            traces.end_spans(traces.relay_spans(events, self.app.transport.name, began))
-        self.app.transport.wake()
+            traces.end_spans(traces.relay_spans(events, self.app.runtime.transport.name, began))
+        self.app.runtime.transport.wake()
         for observer in self.observers:
             try:
                 await observer.published(events)
@@ -471,11 +510,11 @@ class Relay:
         return len(events)
 
     async def _publish(self, group: list[OutboxEvent]) -> None:
-        traces = self.app.tracing
-        spans = [] if traces is None else traces.relay_spans(group, self.app.transport.name)
+        traces = self.app.runtime.tracing
+        spans = [] if traces is None else traces.relay_spans(group, self.app.runtime.transport.name)
         try:
             async with asyncio.timeout(self.publish_timeout.total_seconds()):
-                await self.app.transport.publish([e.job() for e in group])
+                await self.app.runtime.transport.publish([e.job() for e in group])
         except Exception as exc:
             if traces is not None:
                 traces.end_spans(spans, exc)

@@ -32,15 +32,29 @@ import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar, get_args
 
 from .. import tracing
+from ..core.jobs import OutgoingJob
 from ..db import Database, Tx, to_datetime
-from ..errors import Category, InvalidRequest, NotFound, ReviewConflict, clean_text
-from ..store import OutgoingJob
+from ..errors import Category, InvalidRequest, NotFound, ReviewConflict
 from ..transports import Transport
 from .letters import DeadLetter, from_row, get_letter
+from .validation import (
+    MAX_ID,
+    MAX_IDS,
+    MAX_PAGE,
+    aware,
+    check_texts,
+    checked_choice,
+    checked_id,
+    checked_limit,
+    checked_reason,
+    checked_window,
+    like_pattern,
+    when_text,
+)
 
 T = TypeVar("T")
 
@@ -49,15 +63,7 @@ ItemOutcome = Literal["published", "already_applied", "not_pending", "truncated"
 #: every item outcome of a replay, in report order (the CLI, the ops API and docs use these)
 ITEM_OUTCOMES: tuple[ItemOutcome, ...] = get_args(ItemOutcome)
 
-MAX_PAGE = 1000
-MAX_IDS = 10_000
-MAX_REASON = 4000
-#: The largest id or cursor the stores hold (PostgreSQL bigint, SQLite INTEGER).
-MAX_ID = 2**63 - 1
-
 STATUSES = ("pending_review", "replayed", "discarded")
-#: the status filter that means any status (what `jobfence dead-letters list --status all` takes)
-ALL_STATUSES = "all"
 
 
 @dataclass(frozen=True)
@@ -98,19 +104,16 @@ class Filter:
                 f"unknown category {self.category!r}; one of: "
                 + ", ".join(c.value for c in Category)
             )
-        status = None if self.status == ALL_STATUSES else self.status
-        if status is not None and status not in STATUSES:
-            raise InvalidRequest(
-                f"unknown status {self.status!r}; one of: {', '.join(STATUSES)}, "
-                f"or {ALL_STATUSES} for any"
-            )
-        for name in ("queue", "consumer", "job_id", "error"):
-            value = getattr(self, name)
-            if value is not None and (not value or len(value) > 500 or "\x00" in value):
-                raise InvalidRequest(f"{name} must be 1–500 characters without NUL")
-        since, until = _aware(self.since), _aware(self.until)
-        if since is not None and until is not None and since >= until:
-            raise InvalidRequest("since must be before until")
+        status = checked_choice(self.status, STATUSES, "status")
+        check_texts(
+            {
+                "queue": self.queue,
+                "consumer": self.consumer,
+                "job_id": self.job_id,
+                "error": self.error,
+            }
+        )
+        since, until = checked_window(self.since, self.until)
         if self.ids is not None and (
             len(self.ids) > MAX_IDS or any(not 1 <= i <= MAX_ID for i in self.ids)
         ):
@@ -138,7 +141,7 @@ class Filter:
         for name in ("since", "until"):
             value = getattr(self, name)
             if value is not None:
-                out[name] = _aware(value).isoformat()  # type: ignore[union-attr]
+                out[name] = aware(value).isoformat()  # type: ignore[union-attr]
         if self.ids is not None:
             out["ids"] = list(self.ids)
         return out
@@ -150,9 +153,9 @@ class Filter:
             "consumer": self.consumer,
             "category": self.category,
             "job_id": self.job_id,
-            "error": _like(self.error) if self.error is not None else None,
-            "since": db.at(_aware(self.since)),
-            "until": db.at(_aware(self.until)),
+            "error": like_pattern(self.error) if self.error is not None else None,
+            "since": db.at(aware(self.since)),
+            "until": db.at(aware(self.until)),
             "ids": db.array(self.ids),
             "partner": partner,
         }
@@ -195,6 +198,47 @@ class LetterView:
 
 
 @dataclass(frozen=True)
+class LetterLock:
+    """A letter locked for a review decision (``dl_lock_for_review``): what a replay or a
+    discard decides on."""
+
+    id: int
+    status: str
+    partner: str | None
+    payload_truncated: bool
+    queue: str
+    consumer: str
+    job_id: str
+    reviewed_by: str | None
+    reviewed_at: datetime | None
+    #: its job_id is fenced for its consumer: its effect exists
+    applied: bool
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> LetterLock:
+        return cls(
+            id=int(row["id"]),
+            status=row["status"],
+            partner=row["partner"],
+            payload_truncated=bool(row["payload_truncated"]),
+            queue=row["queue"],
+            consumer=row["consumer"],
+            job_id=row["job_id"],
+            reviewed_by=row["reviewed_by"],
+            reviewed_at=to_datetime(row["reviewed_at"]),
+            applied=bool(row["applied"]),
+        )
+
+    @property
+    def decided(self) -> str:
+        """Why no review decision can be made on it any more."""
+        return (
+            f"dead letter {self.id} was already {self.status} by {self.reviewed_by} at "
+            f"{when_text(self.reviewed_at)}; a review decision is final"
+        )
+
+
+@dataclass(frozen=True)
 class ItemResult:
     dead_letter_id: int
     outcome: ItemOutcome
@@ -202,57 +246,6 @@ class ItemResult:
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    if value is None:
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def _like(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
-def _reason(reason: str | None, *, required: bool) -> str | None:
-    if reason is not None and not isinstance(reason, str):
-        raise InvalidRequest("the reason must be text")
-    text = clean_text(reason.strip(), MAX_REASON) if reason is not None else ""
-    if required and not text:
-        raise InvalidRequest(
-            "a discard needs a reason: say why this letter needs no replay "
-            "(e.g. 'order cancelled by the partner, ticket OPS-123')"
-        )
-    return text or None
-
-
-def _id(value: int | None, what: str, *, low: int = 1) -> int | None:
-    """``value`` when it is a whole number the stores can hold (``low``…:data:`MAX_ID`);
-    else :class:`InvalidRequest` naming it (a driver would fail with an overflow)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_ID:
-        raise InvalidRequest(f"{what} must be a whole number from {low} to {MAX_ID}, not {value!r}")
-    return value
-
-
-def _limit(limit: int) -> int:
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidRequest(f"page size must be between 1 and {MAX_PAGE}")
-    return limit
-
-
-def _when(value: Any) -> str:
-    moment = to_datetime(value)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "?"
-
-
-def _decided(row: Mapping[str, Any]) -> str:
-    return (
-        f"dead letter {row['id']} was already {row['status']} by {row['reviewed_by']} at "
-        f"{_when(row['reviewed_at'])}; a review decision is final"
-    )
 
 
 def _entry(row: Mapping[str, Any]) -> AuditEntry:
@@ -275,11 +268,6 @@ def _entry(row: Mapping[str, Any]) -> AuditEntry:
         old_state=row.get("old_state"),
         new_state=row.get("new_state"),
     )
-
-
-def shares_transaction(transport: Transport) -> bool:
-    """Whether a replay can republish in its own transaction (the database queue, same db)."""
-    return transport.queue_db is not None and transport.shares_database
 
 
 async def record(
@@ -331,8 +319,8 @@ async def search(
     flt = flt.check()
     params = {
         **flt.params(db, actor.partner),
-        "before": _id(before, "before (the cursor)", low=0),
-        "limit": _limit(limit),
+        "before": checked_id(before, "before (the cursor)", low=0),
+        "limit": checked_limit(limit),
     }
     rows = await db.run(flt.search_query(db.dialect), params)
     letters = [from_row(row) for row in rows]
@@ -351,13 +339,18 @@ async def letters(
 ) -> list[DeadLetter]:
     """Up to ``limit`` letters, newest first, without payloads: :func:`search` page by page
     (the library's and the CLI's listing; ``actor`` defaults to the library, all partners)."""
-    who = actor or Actor("library")
     flt = Filter(status=status, queue=queue, category=category)
+    return await matching(db, flt, actor=actor or Actor("library"), limit=limit)
+
+
+async def matching(db: Database, flt: Filter, *, actor: Actor, limit: int = 50) -> list[DeadLetter]:
+    """Up to ``limit`` letters that ``flt`` matches, newest first, without payloads:
+    :func:`search` page by page (``jobfence dead-letters list``)."""
     found: list[DeadLetter] = []
     cursor: int | None = None
     while len(found) < limit:
         page = await search(
-            db, flt, actor=who, limit=min(MAX_PAGE, limit - len(found)), before=cursor
+            db, flt, actor=actor, limit=min(MAX_PAGE, limit - len(found)), before=cursor
         )
         found.extend(page.items)
         if page.next_cursor is None:
@@ -368,7 +361,7 @@ async def letters(
 
 async def show(db: Database, letter_id: int, *, actor: Actor) -> LetterView:
     """One letter with its payload, every attempt, its replay chain and its audit trail."""
-    _id(letter_id, "the dead letter id")
+    checked_id(letter_id, "the dead letter id")
     letter = await get_letter(db, letter_id)
     if letter is None or not actor.sees(letter.partner):
         raise NotFound(f"no dead letter {letter_id}")
@@ -402,21 +395,21 @@ async def audit(
 ) -> Page[AuditEntry]:
     """The audit log (newest first) in the actor's scope, by letter, replay, actor (``by``),
     ``action`` (``dead_letter.``: every action under that prefix) and time (since ≤ at < until)."""
-    since, until = Filter(since=since, until=until).check().since, _aware(until)
-    prefix = _like(action)[1:] if action is not None and action.endswith(".") else None
+    since, until = Filter(since=since, until=until).check().since, aware(until)
+    prefix = like_pattern(action)[1:] if action is not None and action.endswith(".") else None
     rows = await db.run(
         "audit_search",
         {
             "partner": actor.partner,
-            "dead_letter_id": _id(dead_letter_id, "dead_letter_id"),
-            "replay_id": _id(replay_id, "replay_id"),
+            "dead_letter_id": checked_id(dead_letter_id, "dead_letter_id"),
+            "replay_id": checked_id(replay_id, "replay_id"),
             "actor": by,
             "action": action,
             "action_prefix": prefix,
             "since": db.at(since),
             "until": db.at(until),
-            "before": _id(before, "before (the cursor)", low=0),
-            "limit": _limit(limit),
+            "before": checked_id(before, "before (the cursor)", low=0),
+            "limit": checked_limit(limit),
         },
     )
     entries = [_entry(r) for r in rows]
@@ -428,18 +421,18 @@ async def audit(
 
 async def discard(db: Database, letter_id: int, *, actor: Actor, reason: str) -> DeadLetter:
     """Discard a pending letter; ``reason`` must say why (blank is refused)."""
-    why = _reason(reason, required=True)
-    _id(letter_id, "the dead letter id")
+    why = checked_reason(reason, required=True)
+    checked_id(letter_id, "the dead letter id")
     async with db.transaction() as tx:
         done = await tx.q(
             "dl_discard",
             {"id": letter_id, "actor": actor.name, "reason": why, "scope": actor.partner},
         )
-        rows = await tx.q("dl_lock_for_review", {"ids": db.array([letter_id])})
-        if not rows or not actor.sees(rows[0]["partner"]):
+        row = (await lock_for_review(db, tx, [letter_id])).get(letter_id)
+        if row is None or not actor.sees(row.partner):
             raise NotFound(f"no dead letter {letter_id}")
         if not done:
-            raise ReviewConflict(_decided(rows[0]))
+            raise ReviewConflict(row.decided)
         await tx.q(
             "audit_letters",
             {
@@ -474,15 +467,15 @@ async def replay(
     Raises :class:`NotFound` (no such letter in scope) or
     :class:`~jobfence.errors.ReviewConflict` (already decided, or its payload was truncated).
     """
-    _id(letter_id, "the dead letter id")
-    why = _reason(reason, required=False)
+    checked_id(letter_id, "the dead letter id")
+    why = checked_reason(reason, required=False)
     async with db.transaction() as tx:
         rows = await lock_for_review(db, tx, [letter_id])
         row = rows.get(letter_id)
-        if row is None or not actor.sees(row["partner"]):
+        if row is None or not actor.sees(row.partner):
             raise NotFound(f"no dead letter {letter_id}")
-        if row["status"] != "pending_review":
-            raise ReviewConflict(_decided(row))
+        if row.status != "pending_review":
+            raise ReviewConflict(row.decided)
         (result,) = replay_outcomes(rows, [letter_id], actor)
         if result.outcome == "truncated":
             raise ReviewConflict(f"dead letter {letter_id}: {result.detail}")
@@ -492,30 +485,33 @@ async def replay(
     return result
 
 
-async def lock_for_review(db: Database, tx: Tx, ids: Sequence[int]) -> dict[int, Any]:
+async def lock_for_review(db: Database, tx: Tx, ids: Sequence[int]) -> dict[int, LetterLock]:
     """The letters ``ids``, locked for a review decision in ``tx``, by id."""
-    return {int(r["id"]): r for r in await tx.q("dl_lock_for_review", {"ids": db.array(ids)})}
+    rows = await tx.q("dl_lock_for_review", {"ids": db.array(ids)})
+    return {lock.id: lock for lock in map(LetterLock.from_row, rows)}
 
 
-def replay_outcomes(rows: Mapping[int, Any], ids: Sequence[int], actor: Actor) -> list[ItemResult]:
+def replay_outcomes(
+    rows: Mapping[int, LetterLock], ids: Sequence[int], actor: Actor
+) -> list[ItemResult]:
     """What replaying each of ``ids`` would do, from their locked rows: ``published``,
     ``already_applied`` (the job_id is fenced: its effect exists), ``truncated`` or
     ``not_pending`` (not found in scope, or already decided)."""
     results: list[ItemResult] = []
     for letter_id in ids:
         row = rows.get(letter_id)
-        if row is None or not actor.sees(row["partner"]):
+        if row is None or not actor.sees(row.partner):
             results.append(ItemResult(letter_id, "not_pending", "not found in scope"))
-        elif row["status"] != "pending_review":
-            detail = f"already {row['status']} by {row['reviewed_by']}"
+        elif row.status != "pending_review":
+            detail = f"already {row.status} by {row.reviewed_by}"
             results.append(ItemResult(letter_id, "not_pending", detail))
-        elif row["payload_truncated"]:
+        elif row.payload_truncated:
             detail = (
                 "its payload was truncated when it was dead-lettered, so it cannot be "
                 "republished; recover the job from its source, then discard this letter"
             )
             results.append(ItemResult(letter_id, "truncated", detail))
-        elif row["applied"]:
+        elif row.applied:
             detail = "its job_id is fenced (the effect exists): marked replayed, not republished"
             results.append(ItemResult(letter_id, "already_applied", detail))
         else:
@@ -553,9 +549,10 @@ async def republish(
     replay_id: int | None = None,
 ) -> bool:
     """Carry out :func:`replay_outcomes` in ``tx``: mark the letters replayed, republish the
-    ``published`` ones with the same job_id (an INSERT in ``tx`` on the database queue of this
-    database, else a publish before ``tx`` commits) and audit each. True when jobs were
-    queued in ``tx`` (wake local workers after the commit)."""
+    ``published`` ones with the same job_id (:meth:`~jobfence.transports.Transport.publish_tx`:
+    written in ``tx`` on the database queue of this database, else published before ``tx``
+    commits) and audit each. True when jobs were queued in ``tx`` (wake local workers after
+    the commit)."""
     publish = [r.dead_letter_id for r in results if r.outcome == "published"]
     applied = [r.dead_letter_id for r in results if r.outcome == "already_applied"]
     if publish or applied:
@@ -563,25 +560,23 @@ async def republish(
             "dl_mark_replayed",
             {"ids": db.array(publish + applied), "actor": actor.name, "reason": reason},
         )
-    in_tx = shares_transaction(transport)
+    queued = False
     if publish:
         with await _replaying(db, tx, transport, publish) as trace_context:
-            if in_tx:
-                await tx.q("dl_requeue", {"ids": db.array(publish), "trace_context": trace_context})
-            else:
-                payloads = await tx.q("dl_payloads", {"ids": db.array(publish)})
-                await transport.publish(
-                    [
-                        OutgoingJob(
-                            r["queue"],
-                            r["job_id"],
-                            bytes(r["payload"]),
-                            r["correlation_id"],
-                            trace_context=trace_context or r["trace_context"],
-                        )
-                        for r in payloads
-                    ]
-                )
+            payloads = await tx.q("dl_payloads", {"ids": db.array(publish)})
+            queued = await transport.publish_tx(
+                tx,
+                [
+                    OutgoingJob(
+                        r["queue"],
+                        r["job_id"],
+                        bytes(r["payload"]),
+                        r["correlation_id"],
+                        trace_context=trace_context or r["trace_context"],
+                    )
+                    for r in payloads
+                ],
+            )
     for outcome, letters in (("published", publish), ("already_applied", applied)):
         if letters:
             await tx.q(
@@ -597,4 +592,4 @@ async def republish(
                     "old_state": "pending_review",
                 },
             )
-    return bool(publish) and in_tx
+    return queued

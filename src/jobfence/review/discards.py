@@ -19,8 +19,9 @@ from typing import Any
 
 from ..db import Database
 from ..errors import InvalidRequest
-from .deadletters import Actor, Filter, _id, _reason, search
+from .deadletters import Actor, Filter, search
 from .replays import MAX_BULK
+from .validation import checked_id, checked_reason
 
 __all__ = ["DiscardPreview", "DiscardResult", "discard_matching", "preview_discard"]
 
@@ -105,9 +106,9 @@ async def discard_matching(
     """Discard the pending letters ``flt`` matches with ids up to ``upto_id`` (from
     :func:`preview_discard`), with ``reason``, audited, in one transaction. Refused (nothing
     discarded) if more than ``expect`` letters — the previewed count — would be."""
-    why = _reason(reason, required=True)
+    why = checked_reason(reason, required=True)
     flt = _checked(flt, all_pending)
-    _id(upto_id, "upto_id (from the preview)")
+    checked_id(upto_id, "upto_id (from the preview)")
     if isinstance(expect, bool) or not isinstance(expect, int) or not 0 <= expect <= MAX_BULK:
         raise InvalidRequest(f"expect must be the previewed count (0 to {MAX_BULK})")
     async with db.transaction() as tx:

@@ -40,18 +40,18 @@ from typing import Any
 from ..core.jobs import AttemptRecord, check_queue, history_from, history_json
 from ..db import Database, Tx, to_datetime
 from ..errors import InvalidRequest, NotFound, ReviewConflict
-from .deadletters import (
-    ALL_STATUSES,
-    MAX_PAGE,
-    Actor,
-    _aware,
-    _id,
-    _like,
-    _limit,
-    _reason,
-    record,
-)
+from .deadletters import Actor, record
 from .letters import payload_view
+from .validation import (
+    MAX_PAGE,
+    check_texts,
+    checked_choice,
+    checked_id,
+    checked_limit,
+    checked_reason,
+    checked_window,
+    like_pattern,
+)
 
 JOB_STATES = ("waiting", "running", "retrying")
 
@@ -92,19 +92,16 @@ class JobFilter:
 
     def check(self) -> JobFilter:
         """Validate; raise :class:`InvalidRequest` saying what is wrong."""
-        state = None if self.state == ALL_STATUSES else self.state
-        if state is not None and state not in JOB_STATES:
-            raise InvalidRequest(
-                f"unknown job state {self.state!r}; one of: {', '.join(JOB_STATES)}, "
-                f"or {ALL_STATUSES} for any"
-            )
-        for name in ("queue", "job_id", "correlation_id", "error"):
-            value = getattr(self, name)
-            if value is not None and (not value or len(value) > 500 or "\x00" in value):
-                raise InvalidRequest(f"{name} must be 1–500 characters without NUL")
-        since, until = _aware(self.since), _aware(self.until)
-        if since is not None and until is not None and since >= until:
-            raise InvalidRequest("since must be before until")
+        state = checked_choice(self.state, JOB_STATES, "job state")
+        check_texts(
+            {
+                "queue": self.queue,
+                "job_id": self.job_id,
+                "correlation_id": self.correlation_id,
+                "error": self.error,
+            }
+        )
+        since, until = checked_window(self.since, self.until)
         return replace(self, state=state, since=since, until=until)
 
     def params(self, db: Database, partner: str | None) -> dict[str, Any]:
@@ -113,7 +110,7 @@ class JobFilter:
             "state": self.state,
             "job_id": self.job_id,
             "correlation_id": self.correlation_id,
-            "error": _like(self.error) if self.error is not None else None,
+            "error": like_pattern(self.error) if self.error is not None else None,
             "since": db.at(self.since),
             "until": db.at(self.until),
             "partner": partner,
@@ -240,8 +237,8 @@ async def list_jobs(
     qdb = queue_db or db
     params = {
         **flt.params(qdb, actor.partner),
-        "after": _id(after, "after (the cursor)", low=0),
-        "limit": _limit(limit),
+        "after": checked_id(after, "after (the cursor)", low=0),
+        "limit": checked_limit(limit),
     }
     rows = await qdb.run("jobs_list", params)
     items = [_summary(r) for r in rows]
@@ -252,7 +249,7 @@ async def show_job(
     db: Database, job: int, *, actor: Actor, queue_db: Database | None = None
 ) -> JobView:
     """One job (by its queue row id) with its payload and attempt history."""
-    _id(job, "the job id")
+    checked_id(job, "the job id")
     rows = await (queue_db or db).run("job_get", {"id": job})
     if not rows or not actor.sees(rows[0]["partner"]):
         raise NotFound(f"no job {job} in the queue (done, dead-lettered, or never there)")
@@ -274,14 +271,14 @@ def _running(job: int, worker: str | None) -> ReviewConflict:
 async def _not_running(queue_db: Database, job: int, actor: Actor) -> None:
     """Refuse a running job before taking any lock: its attempt's transaction holds the row
     (PostgreSQL) or the database's write lock (SQLite) for as long as its handler works."""
-    _id(job, "the job id")
+    checked_id(job, "the job id")
     rows = await queue_db.run("job_get", {"id": job})
     if rows and actor.sees(rows[0]["partner"]) and rows[0]["state"] == "running":
         raise _running(job, rows[0]["worker_id"])
 
 
 async def _locked(tx: Tx, job: int, actor: Actor) -> Mapping[str, Any]:
-    _id(job, "the job id")
+    checked_id(job, "the job id")
     rows = await tx.q("job_lock", {"id": job})
     # PostgreSQL skips a row locked already: the transaction of an attempt running it
     seen = rows or await tx.q("job_get", {"id": job})
@@ -318,7 +315,7 @@ async def cancel_job(
     """Cancel a waiting or retrying job: it leaves the queue and becomes a discarded dead
     letter (error code ``CANCELLED``), audited, in one transaction. ``reason`` is required.
     ``consumers`` maps queues to consumer names (the letter's consumer; default the queue)."""
-    why = _reason(reason, required=True)
+    why = checked_reason(reason, required=True)
     qdb = queue_db or db
     await _not_running(qdb, job, actor)
     async with AsyncExitStack() as stack:
@@ -372,7 +369,7 @@ async def retry_now(
 ) -> JobSummary:
     """Make a job that is scheduled for later (a retry, or a delayed job) due now; audited.
     A job already due, or running, is a :class:`ReviewConflict`."""
-    why = _reason(reason, required=False)
+    why = checked_reason(reason, required=False)
     qdb = queue_db or db
     await _not_running(qdb, job, actor)
     async with AsyncExitStack() as stack:
@@ -493,7 +490,7 @@ async def pause_queue(
     finish; new jobs still arrive). Audited (``queue.pause``)."""
     _shared(actor, "pause")
     _check_queue_name(queue)
-    why = _reason(reason, required=False)
+    why = checked_reason(reason, required=False)
     qdb = queue_db or db
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
@@ -525,7 +522,7 @@ async def resume_queue(
     """Resume a paused queue (workers claim from it again at once). Audited."""
     _shared(actor, "resume")
     _check_queue_name(queue)
-    why = _reason(reason, required=False)
+    why = checked_reason(reason, required=False)
     qdb = queue_db or db
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
@@ -562,8 +559,3 @@ def _check_queue_name(queue: str) -> None:
         check_queue(queue)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-
-
-def jobs_json(page: JobPage) -> dict[str, Any]:
-    """A page as JSON (what ``--json`` and the API print)."""
-    return {"items": [j.to_json() for j in page.items], "next_cursor": page.next_cursor}

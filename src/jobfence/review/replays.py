@@ -28,16 +28,12 @@ from .deadletters import (
     Filter,
     ItemResult,
     Page,
-    _id,
-    _limit,
-    _reason,
-    _when,
     lock_for_review,
     record,
     replay_outcomes,
     republish,
-    shares_transaction,
 )
+from .validation import checked_id, checked_limit, checked_reason, when_text
 
 MAX_BULK = 100_000
 PREVIEW_TTL = timedelta(hours=1)
@@ -238,7 +234,7 @@ async def _replay_row(tx: Tx, replay_id: int) -> dict[str, Any]:
 
 
 async def replay_status(db: Database, replay_id: int, *, actor: Actor) -> ReplayStatus:
-    _id(replay_id, "the replay id")
+    checked_id(replay_id, "the replay id")
     async with db.transaction() as tx:
         row = await _replay_row(tx, replay_id)
         if not actor.sees(row["partner"]):
@@ -288,8 +284,8 @@ async def replay_items(
         {
             "id": replay_id,
             "outcome": outcome,
-            "after": _id(after, "after (the cursor)", low=0),
-            "limit": _limit(limit),
+            "after": checked_id(after, "after (the cursor)", low=0),
+            "limit": checked_limit(limit),
         },
     )
     items = [{**r, "done_at": to_datetime(r["done_at"])} for r in rows]
@@ -302,24 +298,24 @@ async def start_replay(
 ) -> ReplayStatus:
     """Confirm a previewed bulk replay (``expected_total`` must be the count the operator
     saw) and take it for ``runner``; also resumes one whose runner stopped."""
-    _id(replay_id, "the replay id")
+    checked_id(replay_id, "the replay id")
     async with db.transaction() as tx:
         row = await _replay_row(tx, replay_id)
         if not actor.sees(row["partner"]):
             raise NotFound(f"no replay {replay_id}")
         if row["state"] == "done":
             raise ReviewConflict(
-                f"replay {replay_id} already finished at {_when(row['finished_at'])}"
+                f"replay {replay_id} already finished at {when_text(row['finished_at'])}"
             )
         if row["state"] == "previewed" and row["expired"]:
             raise ReviewConflict(
-                f"the preview of replay {replay_id} expired at {_when(row['expires_at'])}; "
+                f"the preview of replay {replay_id} expired at {when_text(row['expires_at'])}; "
                 "preview again to see what a replay would touch now"
             )
         if row["state"] == "running" and row["runner"] != runner and not row["runner_lost"]:
             raise ReviewConflict(
                 f"replay {replay_id} is being run by {row['runner']} (until "
-                f"{_when(row['runner_until'])})"
+                f"{when_text(row['runner_until'])})"
             )
         if expected_total != int(row["total"]):
             raise ReviewConflict(
@@ -355,7 +351,7 @@ Progress = Callable[[int, int], None]
 
 def check_reason(reason: str | None) -> str | None:
     """A bulk replay's optional reason, cleaned (InvalidRequest if it is not text)."""
-    return _reason(reason, required=False)
+    return checked_reason(reason, required=False)
 
 
 async def execute_replay(
@@ -377,9 +373,9 @@ async def execute_replay(
     if batch_size < 1:
         raise InvalidRequest("batch_size must be at least 1")
     status = await replay_status(db, replay_id, actor=actor)
-    why = _reason(reason, required=False) or f"bulk replay {replay_id}"
+    why = checked_reason(reason, required=False) or f"bulk replay {replay_id}"
     step = batch_size if rate is None else max(1, min(batch_size, int(rate)))
-    if not shares_transaction(transport):
+    if not transport.commits_with(db):
         step = min(step, BROKER_BATCH)
     done, total = status.done, status.total
     if on_progress is not None:

@@ -19,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import enum
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -34,7 +36,7 @@ from ..core.codec import Decoder
 from ..core.fence import FenceOutcome
 from ..core.jobs import Delivery, Job
 from ..core.retry import Decision, RetryPolicy
-from ..db import Database, SyncTx, Tx, WorkSource, current_tx
+from ..db import BatchLost, Database, SyncTx, Tx, WorkSource, current_tx
 from ..errors import (
     Category,
     HandlerError,
@@ -51,10 +53,20 @@ from ..review.letters import DEFAULT_PAYLOAD_LIMIT
 from ..tracing import Tracing
 from ..transports import Transport
 from . import hosted
-from .batch import Outcome as Outcome  # re-exported: the outcome of a delivery
-from .batch import run_batch
 
 log = logging.getLogger("jobfence.harness")
+
+
+class Outcome(enum.Enum):
+    """What became of one delivery."""
+
+    PROCESSED = "processed"
+    DUPLICATE = "duplicate"
+    RETRY = "retry"
+    DEAD = "dead"
+    LOST = "lost"
+    FAILED_TO_RECORD = "failed_to_record"  # the store was unreachable; the lease will redeliver
+
 
 #: a group-commit transaction is expected to stay open about this long at most: under a
 #: backlog, a batch holds at most this many seconds of handler time (from the recent handler
@@ -115,7 +127,7 @@ class Harness:
     def __init__(
         self,
         *,
-        consumers: dict[str, Consumer],
+        consumers: Mapping[str, Consumer],
         db: Database,
         transport: Transport,
         observers: Observers,
@@ -135,6 +147,8 @@ class Harness:
         self.fence_ttl = fence_ttl
         self.payload_limit = payload_limit
         self.executor = executor
+        #: the queue is a table of the fence's database: a job's ack joins its transaction
+        self.acks_in_tx = transport.commits_with(db)
         self.fence_enabled = fence_enabled
         #: each delivery's ``process`` span (docs/tracing.md); None: no tracing work at all
         self.tracing = tracing
@@ -200,7 +214,7 @@ class Harness:
         if isinstance(screened, Outcome):
             return screened
         consumer, job = screened
-        ack_in_tx = self.transport.shares_database
+        ack_in_tx = self.acks_in_tx
         try:
             if consumer.host is not None:
                 fenced, duration = await self._hosted(consumer, delivery, job, ack=ack_in_tx)
@@ -291,8 +305,7 @@ class Harness:
         return (
             self.work is self.db
             and not any(c.host is not None for c in self.consumers.values())
-            and self.transport.shares_database
-            and self.transport.queue_db is not None
+            and self.acks_in_tx
             and self.db.supports_batch
         )
 
@@ -351,10 +364,170 @@ class Harness:
         if len(screened) == 1:
             alone.append(screened.pop()[:2])
         if screened:
-            await run_batch(self, screened, outcomes)
+            await self._run_batch(screened, outcomes)
         for index, delivery in alone:
             outcomes[index] = await self.handle(delivery)
         return [outcomes[i] for i in range(len(deliveries))]
+
+    async def _run_batch(
+        self,
+        screened: list[tuple[int, Delivery, Consumer, Job[Any]]],
+        outcomes: dict[int, Outcome],
+    ) -> None:
+        """Run ``screened`` (index, delivery, consumer, job) in one transaction and write each
+        one's outcome into ``outcomes`` at its index."""
+        params = {
+            "ids": [d.ref for _, d, _, _ in screened],
+            "tokens": [d.token for _, d, _, _ in screened],
+            "consumers": [c.name for _, _, c, _ in screened],
+            "job_ids": [d.job_id for _, d, _, _ in screened],
+            "ttl": self.fence_ttl.total_seconds(),
+        }
+        step = "batch_fence_and_ack" if self.fence_enabled else "batch_ack"
+        notes: list[Callable[[], None]] = []
+        committed: list[tuple[Job[Any], float]] = []
+        started = False
+        running: Consumer | None = None
+        try:
+            async with self.db.batch(step, params) as (batch, rows):
+                by_id = {row["id"]: row for row in rows}
+                fenced_keys: set[tuple[str, str]] = set()
+                for index, delivery, consumer, job in screened:
+                    row = by_id[delivery.ref]
+                    key = (consumer.name, delivery.job_id)
+                    if not row["acked"]:
+                        outcomes[index] = Outcome.LOST
+                        notes.append(partial(self.observers.job_lost, delivery, consumer.name))
+                        continue
+                    if not row["fenced"] or key in fenced_keys:
+                        outcomes[index] = Outcome.DUPLICATE
+                        notes.append(partial(self.observers.job_duplicate, delivery, consumer.name))
+                        continue
+                    fenced_keys.add(key)
+                    started = True
+                    running = consumer
+                    with (
+                        nullcontext()
+                        if self.tracing is None
+                        else self.tracing.process(delivery, self.transport.name, consumer.name)
+                    ) as span:
+                        self.observers.job_started(job)
+                        began = time.perf_counter()
+                        try:
+                            async with batch.job() as tx:
+                                await self._call(consumer, job, tx)
+                        except BatchLost:
+                            raise
+                        except Exception as exc:
+                            outcomes[index] = await self._failed_in_batch(
+                                batch.tx, delivery, consumer, exc, notes
+                            )
+                        else:
+                            outcomes[index] = Outcome.PROCESSED
+                            committed.append((job, time.perf_counter() - began))
+                        if self.tracing is not None:
+                            self.tracing.outcome(span, outcomes[index].value)
+        except asyncio.CancelledError:
+            for _, delivery, _, _ in screened:
+                await asyncio.shield(self._release(delivery))
+            raise
+        except BatchLost as lost:
+            # a handler ended the batch's transaction (SPEC H5), or took transaction-wide
+            # state that would outlive its job (SET LOCAL, an advisory xact lock, COPY):
+            # nothing of the batch committed and every delivery is still ours; each job runs
+            # again on its own, so the culprit fails (or, isolated, succeeds) alone and the
+            # others commit
+            if lost.isolate is not None and running is not None:
+                self.learned_isolated.add(running.name)
+                log.warning(
+                    "a handler took transaction-wide state inside a group-commit transaction; "
+                    "its consumer's jobs now run one per transaction (declare the consumer "
+                    "isolated=True to skip this re-run)",
+                    extra={"consumer": running.name, "statement": lost.isolate},
+                )
+            else:
+                log.warning(
+                    "a handler ended its group-commit transaction; "
+                    "running the batch's jobs one by one",
+                    extra={"error": str(lost.problem)},
+                )
+            for index, delivery, _, _ in screened:
+                outcomes[index] = await self.handle(delivery)
+            return
+        except Exception:
+            if not started:
+                # nothing ran: let each delivery take the single path (and its error handling)
+                for index, delivery, _, _ in screened:
+                    outcomes[index] = await self.handle(delivery)
+                return
+            log.exception("group commit failed; its jobs go back to the queue")
+            for index, delivery, _, _ in screened:
+                await self._release(delivery)
+                outcomes[index] = Outcome.FAILED_TO_RECORD
+            return
+        after_commit = self.observers.wants_after_commit
+        for job, duration in committed:
+            if after_commit:
+                await self.observers.after_commit(job)
+            self.observers.job_processed(job, duration)
+        for note in notes:
+            note()
+
+    async def _failed_in_batch(
+        self,
+        tx: Tx,
+        delivery: Delivery,
+        consumer: Consumer,
+        exc: Exception,
+        notes: list[Callable[[], None]],
+    ) -> Outcome:
+        """A job of a batch failed; its savepoint is rolled back. Undo its fence and ack, and
+        write its retry or dead letter, all in the batch's transaction."""
+        failure = self._decide(delivery, consumer, exc)
+        category, decision, error = failure.category, failure.decision, failure.error
+        if self.fence_enabled:
+            await fence.unclaim_tx(tx, consumer.name, delivery.job_id)
+        if decision.retry:
+            await self.transport.requeue_tx(
+                tx, delivery, decision.delay, category, error, trace=failure.trace
+            )
+            notes.append(
+                partial(
+                    self.observers.job_retry,
+                    delivery,
+                    consumer.name,
+                    category,
+                    decision.delay,
+                    error,
+                    trace=failure.log_trace,
+                )
+            )
+            return Outcome.RETRY
+        letter_id, created = await letters.write(
+            self.db,
+            delivery,
+            consumer.name,
+            category,
+            error,
+            error_code(exc),
+            ack=False,
+            payload_limit=self.payload_limit,
+            tx=tx,
+            trace=failure.trace,
+        )
+        notes.append(
+            partial(
+                self.observers.job_dead,
+                delivery,
+                consumer.name,
+                category,
+                error,
+                letter_id,
+                created=created,
+                trace=failure.log_trace,
+            )
+        )
+        return Outcome.DEAD
 
     async def _call(self, consumer: Consumer, job: Job[Any], tx: Tx) -> None:
         token = current_tx.set(tx)
@@ -435,7 +608,7 @@ class Harness:
         code: str | None,
         failure: Failure | None = None,
     ) -> Outcome:
-        shares = self.transport.shares_database
+        shares = self.acks_in_tx
         try:
             letter_id, created = await letters.write(
                 self.db,

@@ -18,18 +18,16 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from ..core.jobs import Delivery
 from ..metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
+from .context import Runtime, RuntimeSource
 from .harness import Harness, Outcome
 from .health import Health, register, unregister
 from .maintenance import housekeeping
 from .threads import DaemonThreadPool
-
-if TYPE_CHECKING:
-    from ..app import App
 
 log = logging.getLogger("jobfence.worker")
 
@@ -71,7 +69,7 @@ def summary_fields(delta: dict[Outcome, int], seconds: float) -> dict[str, Any]:
 class Worker:
     def __init__(
         self,
-        app: App,
+        app: RuntimeSource,
         *,
         queues: Sequence[str] | None = None,
         concurrency: int = 10,
@@ -125,6 +123,7 @@ class Worker:
         #: jobs claimed beyond the free slots, held (with renewed leases) until a slot frees
         #: (None: concurrency × the jobs a batch takes now, see Harness.batch_limit)
         self.prefetch = prefetch
+        self._runtime: Runtime | None = None  # the app's, once run() opened it
         self._buffer: collections.deque[Delivery] = collections.deque()
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
@@ -140,6 +139,13 @@ class Worker:
         #: what /livez and /readyz report for this worker (jobfence.runtime.health)
         self.health = Health("worker")
         self._inflight_reported = 0
+
+    @property
+    def runtime(self) -> Runtime:
+        """What the worker runs on (its app's :class:`~jobfence.runtime.context.Runtime`)."""
+        if self._runtime is None:
+            raise RuntimeError("the worker is not running: its runtime exists from run() on")
+        return self._runtime
 
     def request_stop(self) -> None:
         """Stop fetching and shut down gracefully (what SIGTERM does): in-flight jobs get
@@ -157,8 +163,8 @@ class Worker:
                 log.info("shutdown requested: no job in flight")
         self._stop.set()
         self.health.draining = True
-        if self.app.is_open:
-            self.app.transport.wake()
+        if self._runtime is not None and self.app.is_open:
+            self._runtime.transport.wake()
 
     def force_stop(self) -> None:
         """Stop now (what a second SIGTERM/SIGINT does): in-flight jobs are cancelled, their
@@ -202,13 +208,13 @@ class Worker:
         return self._force.is_set()
 
     async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
-        app = self.app
         register(self.health)
         try:
-            await app.open(pool_size=self.concurrency + 4)
+            await self.app.open(pool_size=self.concurrency + 4)
         except BaseException:
             unregister(self.health)
             raise
+        self._runtime = rt = self.app.runtime
         WORKERS.inc()
         WORKER_SLOTS.inc(self.concurrency)
         loop = asyncio.get_running_loop()
@@ -219,20 +225,20 @@ class Worker:
         # statements are refused from then on) does not keep the process alive
         executor = DaemonThreadPool(self.concurrency, thread_name_prefix="jobfence-handler")
         harness = Harness(
-            consumers=app.consumers,
-            db=app.db,
-            transport=app.transport,
-            observers=app.observers,
-            fence_ttl=app.fence_ttl,
-            payload_limit=app.payload_limit,
+            consumers=rt.consumers,
+            db=rt.db,
+            transport=rt.transport,
+            observers=rt.observers,
+            fence_ttl=rt.fence_ttl,
+            payload_limit=rt.payload_limit,
             executor=executor,
-            fence_enabled=app._fence_enabled,
-            work=app.work_source,
-            tracing=app.tracing,
+            fence_enabled=rt.fence_enabled,
+            work=rt.work,
+            tracing=rt.tracing,
         )
         background = [
             asyncio.create_task(
-                self.health.watch(app.db, self._report_inflight), name="jobfence-health"
+                self.health.watch(rt.db, self._report_inflight), name="jobfence-health"
             ),
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
             asyncio.create_task(self._maintenance(), name="jobfence-maintenance"),
@@ -244,8 +250,8 @@ class Worker:
             extra={
                 "queues": self.queues,
                 "concurrency": self.concurrency,
-                "database": app.db.display,
-                "transport": app.transport.name,
+                "database": rt.db.display,
+                "transport": rt.transport.name,
             },
         )
         self.health.started = True
@@ -303,7 +309,7 @@ class Worker:
         """Fetch, but give up as soon as a stop is requested (a fetch may be queued behind a
         long transaction, e.g. SQLite's single writer)."""
         fetch = asyncio.ensure_future(
-            self.app.transport.fetch(self.queues, limit, self.poll_interval)
+            self.runtime.transport.fetch(self.queues, limit, self.poll_interval)
         )
         stop = asyncio.ensure_future(self._stop.wait())
         try:
@@ -351,11 +357,11 @@ class Worker:
         if Outcome.RETRY in outcomes:
             # a waiting fetch looked for the next due job before this retry was written:
             # wake it, so that it reads the retry's due time instead of sleeping a full poll
-            self.app.transport.wake()
+            self.runtime.transport.wake()
 
     async def _give_back(self, delivery: Delivery) -> None:
         try:
-            await self.app.transport.release(delivery, attempted=False)
+            await self.runtime.transport.release(delivery, attempted=False)
         except Exception:
             log.exception("could not release a job on shutdown; its lease will expire")
 
@@ -441,13 +447,13 @@ class Worker:
         self._inflight_reported = busy
 
     async def _heartbeat(self) -> None:
-        interval = max(self.app.lease.total_seconds() / 3, 0.2)
+        interval = max(self.runtime.lease.total_seconds() / 3, 0.2)
         while True:
             await asyncio.sleep(interval)
             held = [d for batch in self._inflight.values() for d in batch] + list(self._buffer)
             if held:
                 try:
-                    await self.app.transport.extend(held)
+                    await self.runtime.transport.extend(held)
                 except Exception:
                     log.exception("lease renewal failed")
 
@@ -456,10 +462,10 @@ class Worker:
         delivery and database gauges (see :mod:`jobfence.runtime.cleanup`)."""
 
         async def queue_upkeep() -> None:
-            interval = max(min(self.app.lease.total_seconds() / 2, 5.0), 0.2)
+            interval = max(min(self.runtime.lease.total_seconds() / 2, 5.0), 0.2)
             while True:
                 try:
-                    await self.app.transport.maintenance()
+                    await self.runtime.transport.maintenance()
                 except Exception:
                     log.exception("queue maintenance failed")
                 await asyncio.sleep(interval)
@@ -468,11 +474,11 @@ class Worker:
             group.create_task(queue_upkeep(), name="jobfence-queue-upkeep")
             group.create_task(
                 housekeeping(
-                    self.app.maintenance,
-                    self.app.db,
-                    queue_db=self.app.queue_db,
-                    min_age=self.app.redelivery_exposure(),
-                    fence_ttl=self.app.fence_ttl,
+                    self.runtime.maintenance,
+                    self.runtime.db,
+                    queue_db=self.runtime.queue_db,
+                    min_age=self.runtime.redelivery_exposure,
+                    fence_ttl=self.runtime.fence_ttl,
                 ),
                 name="jobfence-housekeeping",
             )

@@ -4,9 +4,11 @@ A transport hands over :class:`~jobfence.core.jobs.Delivery` objects and is told
 transaction has committed (or failed), what happened to each. Semantics live in the harness;
 an adapter only moves messages.
 
-``shares_database`` is True for a queue that lives in the same database as the fence: then
-the acknowledgement is a statement inside the work transaction (see
-:meth:`jobfence.store.Store.fence`) and :meth:`ack` is used only for dead letters' twins.
+``shares_database`` is True for a queue that lives in the same database as the fence
+(:meth:`Transport.commits_with` that database): then the acknowledgement is a statement
+inside the work transaction (:func:`jobfence.core.fence.work`) and :meth:`ack` is used only
+for dead letters' twins; :meth:`Transport.publish_tx` writes jobs in the caller's
+transaction.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 
-from ..core.jobs import Delivery
+from ..core.jobs import Delivery, OutgoingJob
 from ..db import Database, Tx
 from ..errors import Category, ConfigurationError, EnqueueError, extra_needed
-from ..store import OutgoingJob
 
 MiB = 1024 * 1024
 
@@ -81,6 +82,21 @@ class Transport(ABC):
     @abstractmethod
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
         """Put jobs on their queues (durably, before returning)."""
+
+    async def publish_tx(self, tx: Tx, jobs: Sequence[OutgoingJob]) -> bool:
+        """Put ``jobs`` on their queues as part of ``tx``, the caller's transaction. True:
+        they were written in ``tx`` and commit or roll back with it (:meth:`commits_with`
+        its database). False: they were published now, before ``tx`` commits (a broker, or a
+        queue in another database) — if ``tx`` then rolls back they stay published, and the
+        next attempt publishes them again: a duplicate delivery, which the fence absorbs."""
+        await self.publish(jobs)
+        return False
+
+    def commits_with(self, db: Database) -> bool:
+        """Whether :meth:`publish_tx` on a transaction of ``db`` writes the jobs in it (the
+        queue is a table of ``db``): a caller may then batch more, and need not publish
+        before its own commit."""
+        return False
 
     @abstractmethod
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:

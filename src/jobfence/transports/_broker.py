@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,13 +22,13 @@ from ..core.jobs import (
     TRACESTATE,
     AttemptRecord,
     Delivery,
+    OutgoingJob,
     history_from,
     history_json,
     trace_context_of,
     trace_headers,
 )
 from ..errors import Category, ConfigurationError, tail
-from ..store import OutgoingJob
 
 #: Header / field names carried by every broker message.
 JOB_ID = "jobfence-job-id"
@@ -257,6 +257,25 @@ class ShieldedFetch:
         while self.kept and len(found) < limit:
             found.append(self.kept.popleft())
         return found
+
+    async def fetch(
+        self,
+        ready: deque[Delivery],
+        limit: int,
+        read: Callable[[], Coroutine[Any, Any, list[Delivery]]],
+    ) -> list[Delivery]:
+        """A broker's :meth:`Transport.fetch`: the deliveries already in hand first (``ready``,
+        e.g. claimed ones, or exhausted ones on their way to a dead letter), then what a
+        cancelled read left; only when there are none, one new shielded ``read()``."""
+        if limit <= 0:
+            return []
+        found: list[Delivery] = []
+        while ready and len(found) < limit:
+            found.append(ready.popleft())
+        found += self.take(limit - len(found))
+        if found:
+            return found
+        return await self.run(read())
 
     async def run(self, read: Coroutine[Any, Any, list[Delivery]]) -> list[Delivery]:
         task = asyncio.ensure_future(read)

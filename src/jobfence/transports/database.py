@@ -18,10 +18,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..core.jobs import Delivery, history_from, history_json, partner_of
+from ..core.jobs import Delivery, OutgoingJob, history_from, history_json, partner_of
 from ..db import Database, Tx, to_datetime
+from ..db.adopt import SyncConnection
 from ..errors import Category
-from ..store import OutgoingJob, Store
+from ..sql import Dialect
 from . import Transport
 
 log = logging.getLogger("jobfence.transport")
@@ -82,6 +83,40 @@ def database_max_payload_reason(dialect: str) -> str:
     )
 
 
+#: from this many jobs on, a bulk enqueue on PostgreSQL uses COPY instead of batched INSERTs
+COPY_THRESHOLD = 64
+
+
+async def enqueue(tx: Tx, jobs: Sequence[OutgoingJob]) -> None:
+    """Write ``jobs`` into the queue's table in ``tx`` (one INSERT, a batch, or — from
+    :data:`COPY_THRESHOLD` jobs without a delay on PostgreSQL — COPY); ``tx`` commits them."""
+    params = [job.params() for job in jobs]
+    if len(params) == 1:
+        await tx.q("enqueue", params[0])
+    elif len(params) >= COPY_THRESHOLD and tx.can_copy and not any(p["delay"] for p in params):
+        rows = (
+            (
+                p["queue"],
+                p["job_id"],
+                p["correlation_id"],
+                p["payload"],
+                p["partner"],
+                p["trace_context"],
+            )
+            for p in params
+        )
+        await tx.copy("copy_jobs", rows, ["text", "text", "text", "bytea", "text", "text"])
+    else:
+        await tx.qmany("enqueue", params)
+
+
+def enqueue_sync(conn: Any, jobs: Sequence[OutgoingJob], dialect: Dialect, schema: str) -> None:
+    """Enqueue on a caller's *sync* connection (psycopg ``Connection`` or ``sqlite3``),
+    inside whatever transaction the caller has open; the caller commits."""
+    adopted = SyncConnection(conn, doing="enqueue", dialect=dialect, schema=schema)
+    adopted.run_many("enqueue", [job.params() for job in jobs])
+
+
 class DatabaseQueue(Transport):
     """Jobs as rows of ``core.jobs`` in the given database."""
 
@@ -95,7 +130,6 @@ class DatabaseQueue(Transport):
         sqlite_poll: float = 0.05,
     ) -> None:
         self.db = self.queue_db = db
-        self.store = Store(db)
         self.name = db.dialect
         self.shares_database = shares_database
         self.lease = lease
@@ -128,8 +162,19 @@ class DatabaseQueue(Transport):
 
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
         self.check_payloads(jobs)
-        await self.store.enqueue(jobs)
+        async with self.db.transaction() as tx:
+            await enqueue(tx, jobs)
         self.wake()
+
+    async def publish_tx(self, tx: Tx, jobs: Sequence[OutgoingJob]) -> bool:
+        if not self.shares_database:
+            return await super().publish_tx(tx, jobs)
+        self.check_payloads(jobs)
+        await enqueue(tx, jobs)
+        return True  # the caller wakes local workers after its commit
+
+    def commits_with(self, db: Database) -> bool:
+        return self.shares_database and self.db is db
 
     def wake(self) -> None:
         self._wake.set()

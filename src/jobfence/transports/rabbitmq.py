@@ -43,9 +43,8 @@ import aio_pika
 import aio_pika.abc
 import aiormq.exceptions
 
-from ..core.jobs import Delivery
+from ..core.jobs import Delivery, OutgoingJob
 from ..errors import Category, ConfigurationError
-from ..store import OutgoingJob
 from . import Transport
 from ._broker import Meta, Options, retry_record
 

@@ -36,9 +36,8 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from ..core.jobs import Delivery
+from ..core.jobs import Delivery, OutgoingJob
 from ..errors import Category, ConfigurationError
-from ..store import OutgoingJob
 from . import Transport
 from ._broker import Meta, Options, ShieldedFetch, retry_record
 
@@ -410,15 +409,9 @@ class RedisTransport(Transport):
                 await asyncio.sleep(1.0)
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
-        if limit <= 0:
-            return []
-        found: list[Delivery] = []
-        while self._claimed and len(found) < limit:
-            found.append(self._claimed.popleft())
-        found += self._reads.take(limit - len(found))
-        if found:
-            return found
-        return await self._reads.run(self._read(queues, limit, timeout))
+        return await self._reads.fetch(
+            self._claimed, limit, lambda: self._read(queues, limit, timeout)
+        )
 
     async def _read(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         found: list[Delivery] = []

@@ -32,9 +32,9 @@ from psycopg.pq import TransactionStatus
 
 from ...db import Row, TxGuard, aborted, ended, rolled_back
 from ...db.adopt import SyncConnection
-from ...db.postgres import _boundary_error
+from ...db.postgres import boundary_error
 from ...db.second_writer import check, lending
-from ...db.sqlite import _Lent
+from ...db.sqlite import LentGuard
 from ...errors import ConfigurationError, TransactionBoundaryError
 from ...runtime.hosted import HostedWork, WorkHost, sqlite_writer
 from ...sql import Dialect
@@ -168,7 +168,7 @@ class DjangoWork(HostedWork):
     @contextmanager
     def lend(self) -> Iterator[DjangoTx]:
         guard = TxGuard(active=True)
-        lent = _Lent()
+        lent = LentGuard()
         lent.guard = guard
         sqlite = isinstance(self.raw, sqlite3.Connection)
         if sqlite:
@@ -187,7 +187,7 @@ class DjangoWork(HostedWork):
                         self._second_alias(exc)
                     raise
         except psycopg.Error as exc:
-            problem = _boundary_error(exc) or guard.problem(track_failures=False)
+            problem = boundary_error(exc) or guard.problem(track_failures=False)
             if problem is not None:
                 raise problem from exc
             raise
@@ -239,7 +239,7 @@ class DjangoWork(HostedWork):
         try:
             self.adopted.run("lend_commit", {"jobfence_tx": self.token})
         except psycopg.Error as exc:
-            problem = _boundary_error(exc)
+            problem = boundary_error(exc)
             if problem is not None:
                 raise problem from exc
             raise

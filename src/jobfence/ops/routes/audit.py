@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from ...db import Database
 from ...review import deadletters as service
+from ...review.validation import MAX_PAGE
 from .. import models
 from ..auth import Principal
 from ..deps import DB, MAX_ID, VIEWER, actor_of
@@ -21,7 +22,7 @@ async def audit_log(
     dead_letter_id: int | None = Query(None, ge=1, le=MAX_ID),
     replay_id: int | None = Query(None, ge=1, le=MAX_ID),
     actor: str | None = None,
-    limit: int = Query(50, ge=1, le=service.MAX_PAGE),
+    limit: int = Query(50, ge=1, le=MAX_PAGE),
     before: int | None = Query(None, ge=0, le=MAX_ID),
     db: Database = DB,
 ) -> Any:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from ...app import App
 from ...db import Database
 from ...review import deadletters as service
+from ...review.validation import MAX_PAGE
 from .. import models
 from ..auth import Principal
 from ..deps import (
@@ -41,7 +42,7 @@ async def list_letters(
     job_id: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
-    limit: int = Query(50, ge=1, le=service.MAX_PAGE),
+    limit: int = Query(50, ge=1, le=MAX_PAGE),
     before: int | None = Query(
         None, ge=0, le=MAX_ID, description="The previous page's next_cursor."
     ),

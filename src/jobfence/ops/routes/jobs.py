@@ -21,6 +21,7 @@ from ...db import Database
 from ...errors import NotFound
 from ...review import deadletters as service
 from ...review import discards, jobctl
+from ...review.validation import MAX_REASON
 from .. import models
 from ..auth import Principal
 from ..deps import APP, CONFLICT, FORBIDDEN, MAX_ID, MISSING, OPERATOR, VIEWER, actor_of
@@ -67,14 +68,12 @@ class JobDetail(JobSummary):
 
 class CancelBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    reason: str = Field(max_length=service.MAX_REASON, description="Why (required).")
+    reason: str = Field(max_length=MAX_REASON, description="Why (required).")
 
 
 class ReasonBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    reason: str | None = Field(
-        default=None, max_length=service.MAX_REASON, description="Why (optional)."
-    )
+    reason: str | None = Field(default=None, max_length=MAX_REASON, description="Why (optional).")
 
 
 class Cancelled(BaseModel):
@@ -113,7 +112,7 @@ class DiscardPreviewBody(BaseModel):
 
 
 class DiscardBody(DiscardPreviewBody):
-    reason: str = Field(max_length=service.MAX_REASON, description="Why (required).")
+    reason: str = Field(max_length=MAX_REASON, description="Why (required).")
     upto_id: int = Field(ge=1, le=MAX_ID, description="The preview's upto_id.")
     expect: int = Field(ge=0, le=MAX_ID, description="The preview's total: the confirmation.")
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ... import outbox
 from ...db import Database
 from ...errors import ConfigurationError, InvalidRequest, ReviewConflict
-from ...review.deadletters import MAX_ID
+from ...review.validation import MAX_ID
 from ..auth import Principal, require
 
 MAX_EVENT_IDS = 10_000

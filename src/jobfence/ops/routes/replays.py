@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 from ...db import Database
 from ...review import deadletters as service
 from ...review import replays
+from ...review.validation import MAX_PAGE
 from .. import models
 from ..auth import Principal
 from ..deps import (
@@ -85,7 +86,7 @@ async def replay_items(
         None, description="pending, published, already_applied, not_pending or truncated"
     ),
     after: int | None = Query(None, ge=0, le=MAX_ID, description="The previous next_cursor."),
-    limit: int = Query(100, ge=1, le=service.MAX_PAGE),
+    limit: int = Query(100, ge=1, le=MAX_PAGE),
     db: Database = DB,
 ) -> Any:
     """The per-item report of a bulk replay, by letter id."""

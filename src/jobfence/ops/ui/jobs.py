@@ -16,7 +16,7 @@ from ...db import Database
 from ...errors import InvalidRequest
 from ...review import discards, jobctl
 from ..deps import MAX_ID, jobfence_app
-from .letters import _form, _time, letter_filter
+from .letters import form_time, letter_filter, read_form
 from .render import link, page, payload_view, plural, redirect
 from .session import Refused, User, actor_of, flash, operator, signed_in
 
@@ -62,8 +62,8 @@ async def list_jobs(request: Request, user: User = SIGNED_IN) -> Response:
             job_id=kept["job_id"] or None,
             correlation_id=kept["correlation_id"] or None,
             error=kept["error"] or None,
-            since=_time("since", kept["since"]),
-            until=_time("until", kept["until"]),
+            since=form_time("since", kept["since"]),
+            until=form_time("until", kept["until"]),
         )
         found = await jobctl.list_jobs(
             queue_db(jf),
@@ -117,7 +117,7 @@ async def _job_page(
 @router.post("/ui/jobs/{job}/cancel")
 async def cancel_job(request: Request, job: int = JOB, user: User = OPERATOR) -> Response:
     jf = jobfence_app(request)
-    form = await _form(request)
+    form = await read_form(request)
     try:
         done = await jobctl.cancel_job(
             jf.db,
@@ -141,7 +141,7 @@ async def cancel_job(request: Request, job: int = JOB, user: User = OPERATOR) ->
 @router.post("/ui/jobs/{job}/retry-now")
 async def retry_now(request: Request, job: int = JOB, user: User = OPERATOR) -> Response:
     jf = jobfence_app(request)
-    form = await _form(request)
+    form = await read_form(request)
     await jobctl.retry_now(
         jf.db,
         job,
@@ -172,7 +172,7 @@ async def pause_or_resume(
     request: Request, action: str, queue: str = QUEUE, user: User = OPERATOR
 ) -> Response:
     jf = jobfence_app(request)
-    form = await _form(request)
+    form = await read_form(request)
     act = {"pause": jobctl.pause_queue, "resume": jobctl.resume_queue}.get(action)
     if act is None:
         raise Refused(404, f"no queue action {action!r}")

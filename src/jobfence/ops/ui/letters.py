@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from ...errors import Category, InvalidRequest
 from ...review import deadletters as service
 from ...review import replays
+from ...review.validation import ALL_STATUSES
 from ..deps import MAX_ID, jobfence_app
 from .render import link, page, payload_view, redirect, secure
 from .session import Refused, User, actor_of, flash, operator, signed_in
@@ -28,7 +29,7 @@ FILTERS = ("status", "queue", "consumer", "category", "error", "job_id", "since"
 CATEGORIES = [c.value for c in Category]
 
 
-def _time(name: str, value: str | None) -> datetime | None:
+def form_time(name: str, value: str | None) -> datetime | None:
     """A ``datetime-local`` (or ISO 8601) field as UTC."""
     if not value:
         return None
@@ -58,8 +59,8 @@ def letter_filter(values: dict[str, str], *, ids: list[str] | None = None) -> se
         category=text("category"),
         error=text("error"),
         job_id=text("job_id"),
-        since=_time("since", text("since")),
-        until=_time("until", text("until")),
+        since=form_time("since", text("since")),
+        until=form_time("until", text("until")),
         status=text("status"),
         ids=chosen,
     ).check()
@@ -95,7 +96,7 @@ async def list_letters(request: Request, user: User = SIGNED_IN) -> Response:
         filters=kept,
         error=error,
         categories=CATEGORIES,
-        statuses=[*service.STATUSES, service.ALL_STATUSES],
+        statuses=[*service.STATUSES, ALL_STATUSES],
         next_url=link("/ui/dead-letters", **kept, before=cursor) if cursor else None,
         first_url=link("/ui/dead-letters", **kept) if before else None,
     )
@@ -139,7 +140,7 @@ async def download_payload(
     return secure(response)
 
 
-async def _form(request: Request) -> dict[str, Any]:
+async def read_form(request: Request) -> dict[str, Any]:
     form = await request.form()
     return {k: v for k, v in form.multi_items() if isinstance(v, str)}
 
@@ -149,7 +150,7 @@ async def replay_letter(
     request: Request, letter_id: int = LETTER, user: User = OPERATOR
 ) -> Response:
     jf = jobfence_app(request)
-    form = await _form(request)
+    form = await read_form(request)
     result = await service.replay(
         jf.db,
         jf.transport,
@@ -165,7 +166,7 @@ async def replay_letter(
 async def discard_letter(
     request: Request, letter_id: int = LETTER, user: User = OPERATOR
 ) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     try:
         await service.discard(
             jobfence_app(request).db,
@@ -235,7 +236,7 @@ async def _replay(request: Request, replay_id: int, user: User) -> dict[str, Any
 
 @router.post("/ui/replays/{replay_id}/run")
 async def run_replay(request: Request, replay_id: int = REPLAY, user: User = OPERATOR) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     try:
         expected = int(form.get("expected_total", ""))
     except ValueError:

@@ -12,7 +12,7 @@ from ... import outbox
 from ...errors import InvalidRequest
 from ...review import deadletters as service
 from ..deps import MAX_ID, database
-from .letters import _time
+from .letters import form_time
 from .render import CSP_SWAGGER, link, page, plural, redirect, secure
 from .session import Refused, User, actor_of, flash, operator, signed_in
 
@@ -94,8 +94,8 @@ async def audit_page(request: Request, user: User = SIGNED_IN) -> Response:
             actor=actor_of(user.principal),
             by=fields["actor"] or None,
             action=fields["action"] or None,
-            since=_time("since", fields["since"]),
-            until=_time("until", fields["until"]),
+            since=form_time("since", fields["since"]),
+            until=form_time("until", fields["until"]),
             before=before,
             limit=PAGE,
         )

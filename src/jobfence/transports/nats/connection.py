@@ -42,7 +42,7 @@ class ClientEvents:
     async def error(self, exc: Exception) -> None:
         self.last_error = exc
         if self.connecting:
-            log.debug("NATS connection attempt failed", extra={"error": _describe(exc)})
+            log.debug("NATS connection attempt failed", extra={"error": describe_error(exc)})
             return
         if self._down_since is not None:
             self._failed += 1
@@ -50,7 +50,7 @@ class ClientEvents:
 
     def note(self, event: str, exc: BaseException) -> None:
         """One WARNING line for ``event`` caused by ``exc``; DEBUG when it repeats."""
-        text = _describe(exc)
+        text = describe_error(exc)
         key = f"{event}|{text}"
         now = time.monotonic()
         last = self._last.get(key)
@@ -102,12 +102,12 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     detail = str(exc)
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
-def _display(url: str) -> str:
+def display_url(url: str) -> str:
     """``url`` without its secret (``nats://user:***@host``; a token alone: ``***@host``)."""
     parts = urlsplit(url)
     userinfo, at, host = parts.netloc.rpartition("@")
@@ -118,7 +118,7 @@ def _display(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{masked}@{host}"))
 
 
-def _missing(exc: nats.js.errors.APIError) -> bool:
+def is_missing(exc: nats.js.errors.APIError) -> bool:
     """The server says the message is not there (404, or "no message found")."""
     if isinstance(exc, nats.js.errors.NotFoundError):
         return True

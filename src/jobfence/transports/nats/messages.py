@@ -1,5 +1,5 @@
 """A job as a JetStream message: the room kept for jobfence's headers and their size on the
-wire, what the headers cannot carry after a nak (:class:`_State`, kept in the state stream),
+wire, what the headers cannot carry after a nak (:class:`MessageState`, kept in the state stream),
 and the token of a delivery."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from .._broker import fit_traces
 #: count, enqueue time, delay and the expected stream's name) take under 7 KiB, and a W3C
 #: trace context (traceparent and tracestate) at most 1 KiB more.
 HEADER_ROOM = 9 * 1024
-_SAFE = " !#$%&'()*+,-./:;<=>?@[]^_`{|}~"
+SAFE_CHARS = " !#$%&'()*+,-./:;<=>?@[]^_`{|}~"
 
 
 @dataclass
-class _State:
+class MessageState:
     """What a message's headers cannot carry after a nak: history and refunds."""
 
     refunds: int = 0
@@ -37,21 +37,21 @@ class _State:
         ).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> _State:
+    def decode(cls, data: bytes) -> MessageState:
         raw = json.loads(data)
         return cls(int(raw.get("refunds", 0)), history_from(json.dumps(raw.get("history", []))))
 
 
 @dataclass
-class _Token:
+class MessageToken:
     msg: Msg  # the job message (or, for an exhausted one, the advisory)
     stream: str
     seq: int
-    state: _State | None
+    state: MessageState | None
     exhausted: bool = False
 
 
-def _header_bytes(headers: dict[str, str]) -> int:
+def header_bytes(headers: dict[str, str]) -> int:
     """The size of ``headers`` on the wire (``NATS/1.0``, a line each, a blank line)."""
     return len(b"NATS/1.0\r\n\r\n") + sum(
         len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()

@@ -28,9 +28,8 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from ...core.jobs import Delivery
+from ...core.jobs import Delivery, OutgoingJob
 from ...errors import Category, ConfigurationError, EnqueueError
-from ...store import OutgoingJob
 from .. import Transport
 from .._broker import (
     DELAY,
@@ -44,12 +43,12 @@ from .connection import (
     INITIAL_CONNECT_ATTEMPTS,
     UNAVAILABLE,
     ClientEvents,
-    _describe,
-    _display,
-    _missing,
+    describe_error,
+    display_url,
+    is_missing,
     log,
 )
-from .messages import _SAFE, HEADER_ROOM, _header_bytes, _State, _Token
+from .messages import HEADER_ROOM, SAFE_CHARS, MessageState, MessageToken, header_bytes
 from .topology import ADVISORY, NatsTopology
 
 PUBLISH_BATCH = 500
@@ -117,7 +116,7 @@ class NatsTransport(NatsTopology, Transport):
     # -- connection -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        events = ClientEvents(_display(self.url))
+        events = ClientEvents(display_url(self.url))
         try:
             self._nc = await nats.connect(
                 servers=[self.url],
@@ -136,7 +135,7 @@ class NatsTransport(NatsTopology, Transport):
         except (OSError, nats.errors.Error) as exc:
             cause = events.last_error or exc
             raise ConfigurationError(
-                f"cannot connect to NATS at {_display(self.url)}: {_describe(cause)}"
+                f"cannot connect to NATS at {display_url(self.url)}: {describe_error(cause)}"
             ) from None
         self._nc.options["max_reconnect_attempts"] = -1
         events.connecting = False
@@ -219,13 +218,13 @@ class NatsTransport(NatsTopology, Transport):
         )
 
     async def _send(self, queue: str, payload: bytes, meta: Meta, delay: float) -> None:
-        headers = {k: quote(v, safe=_SAFE) for k, v in meta.headers().items()}
+        headers = {k: quote(v, safe=SAFE_CHARS) for k, v in meta.headers().items()}
         if delay > 0:
             headers[DELAY] = f"{delay:.6f}"
         # the server closes the connection on a message over max_payload: never send one
         # (a copy of a job can carry more headers than HEADER_ROOM: its attempt history)
         stream = self.stream_name(queue)
-        size = len(payload) + _header_bytes({**headers, "Nats-Expected-Stream": stream})
+        size = len(payload) + header_bytes({**headers, "Nats-Expected-Stream": stream})
         if self._nc is not None and size > self._nc.max_payload:
             raise EnqueueError(
                 f"message of job {meta.job_id!r} is {size} bytes with its headers; the NATS "
@@ -245,16 +244,16 @@ class NatsTransport(NatsTopology, Transport):
 
     # -- state of a message -----------------------------------------------------------------
 
-    async def _load_state(self, stream: str, seq: int) -> _State | None:
+    async def _load_state(self, stream: str, seq: int) -> MessageState | None:
         try:
             raw = await self.js.get_last_msg(self.state_stream, self._state_subject(stream, seq))
         except nats.js.errors.APIError as exc:
-            if _missing(exc):
+            if is_missing(exc):
                 return None
             raise
-        return _State.decode(raw.data or b"{}")
+        return MessageState.decode(raw.data or b"{}")
 
-    async def _save_state(self, stream: str, seq: int, state: _State) -> None:
+    async def _save_state(self, stream: str, seq: int, state: MessageState) -> None:
         await self.js.publish(
             self._state_subject(stream, seq), state.encode(), stream=self.state_stream
         )
@@ -287,7 +286,7 @@ class NatsTransport(NatsTopology, Transport):
             due = md.timestamp.timestamp() + delay
             wait = due - time.time()
             if wait > 0.001:
-                state = state or _State()
+                state = state or MessageState()
                 state.refunds += 1
                 await self._save_state(stream, seq, state)
                 await msg.nak(delay=wait)
@@ -296,19 +295,13 @@ class NatsTransport(NatsTopology, Transport):
         attempt = meta.attempts + md.num_delivered - refunds
         history = [*meta.history, *(state.history if state else [])]
         meta = replace(meta, history=history)
-        token = _Token(msg, stream, seq, state)
+        token = MessageToken(msg, stream, seq, state)
         return meta.delivery(queue, msg.data, attempt, token=token, ref=stream)
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
-        if limit <= 0:
-            return []
-        found: list[Delivery] = []
-        while self._exhausted and len(found) < limit:
-            found.append(self._exhausted.popleft())
-        found += self._reads.take(limit - len(found))
-        if found:
-            return found
-        return await self._reads.run(self._read(queues, limit, timeout))
+        return await self._reads.fetch(
+            self._exhausted, limit, lambda: self._read(queues, limit, timeout)
+        )
 
     async def _read(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         found: list[Delivery] = []
@@ -336,18 +329,18 @@ class NatsTransport(NatsTopology, Transport):
         if self._events is not None:
             self._events.note(event, exc)
         else:
-            log.warning(event, extra={"error": _describe(exc)})
+            log.warning(event, extra={"error": describe_error(exc)})
 
     # -- answers ----------------------------------------------------------------------------
 
     async def ack(self, delivery: Delivery) -> None:
-        token: _Token = delivery.token
+        token: MessageToken = delivery.token
         if token.exhausted:
             self._exhausted_keys.discard((token.stream, token.seq))
             try:
                 await self.js.delete_msg(token.stream, token.seq)
             except nats.js.errors.APIError as exc:
-                if not _missing(exc):
+                if not is_missing(exc):
                     raise
             await token.msg.ack()
         else:
@@ -364,7 +357,7 @@ class NatsTransport(NatsTopology, Transport):
         *,
         trace: str | None = None,
     ) -> None:
-        token: _Token = delivery.token
+        token: MessageToken = delivery.token
         record = retry_record(delivery, delay, category, error, trace)
         if token.exhausted:
             # the server will not deliver this message again: publish a new copy
@@ -374,27 +367,27 @@ class NatsTransport(NatsTopology, Transport):
             await self._send(delivery.queue, delivery.payload, meta, delay.total_seconds())
             await self.ack(delivery)
             return
-        state = token.state or _State()
+        state = token.state or MessageState()
         state.history.append(record)
         await self._save_state(token.stream, token.seq, state)
         token.state = state
         await token.msg.nak(delay=delay.total_seconds() or None)
 
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
-        token: _Token = delivery.token
+        token: MessageToken = delivery.token
         if token.exhausted:
             self._exhausted_keys.discard((token.stream, token.seq))
             await token.msg.nak()  # the advisory comes back; the count is unchanged
             return
         if not attempted:
-            state = token.state or _State()
+            state = token.state or MessageState()
             state.refunds += 1
             await self._save_state(token.stream, token.seq, state)
         await token.msg.nak()
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         for delivery in deliveries:
-            token: _Token = delivery.token
+            token: MessageToken = delivery.token
             with contextlib.suppress(Exception):
                 await token.msg.in_progress()
 
@@ -428,7 +421,7 @@ class NatsTransport(NatsTopology, Transport):
         try:
             raw = await self.js.get_msg(stream, seq)
         except nats.js.errors.APIError as exc:
-            if not _missing(exc):
+            if not is_missing(exc):
                 raise
             await advisory.ack()  # acked or handled meanwhile
             return None
@@ -443,5 +436,5 @@ class NatsTransport(NatsTopology, Transport):
             "JetStream stopped redelivering a message (MaxDeliver): handing it to the harness",
             extra={"job_id": meta.job_id, "stream": stream, "seq": seq},
         )
-        token = _Token(advisory, stream, seq, state, exhausted=True)
+        token = MessageToken(advisory, stream, seq, state, exhausted=True)
         return meta.delivery(queue, raw.data or b"", attempt, token=token, ref=stream)

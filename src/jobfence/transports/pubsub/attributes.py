@@ -23,7 +23,7 @@ HISTORY_ATTRIBUTE = "jobfence-history-"
 MAX_HISTORY = 80
 
 
-def _fit(value: str, limit: int = ATTRIBUTE_BYTES) -> str:
+def fit_bytes(value: str, limit: int = ATTRIBUTE_BYTES) -> str:
     """``value`` cut (at a character boundary) to at most ``limit`` UTF-8 bytes."""
     raw = value.encode("utf-8")
     if len(raw) <= limit:
@@ -43,7 +43,7 @@ def _record_value(record: AttemptRecord) -> str:
     text = _dumps(data)
     error = record.error
     while len(text.encode("utf-8")) > ATTRIBUTE_BYTES and error:
-        error = _fit(error, max(len(error.encode("utf-8")) * 3 // 4, 4))
+        error = fit_bytes(error, max(len(error.encode("utf-8")) * 3 // 4, 4))
         data["error"] = error
         text = _dumps(data)
     room = ATTRIBUTE_BYTES - len(text.encode("utf-8")) - len(',"trace":""')

@@ -14,8 +14,8 @@ from google.pubsub_v1 import types
 from ...core.jobs import Delivery, trace_headers
 from ...errors import Category
 from .._broker import JOB_ID
-from .attributes import _fit, read_meta
-from .messaging import PubSubMessaging, _Token
+from .attributes import fit_bytes, read_meta
+from .messaging import AckToken, PubSubMessaging
 from .topology import Names, log
 
 #: marks a message jobfence published to a DLQ topic (workers ack it and read no further)
@@ -79,11 +79,11 @@ def dead_letter_attributes(
         "error_code": code or "",
         "error_category": category.value,
     }
-    found = {key: _fit(seed[key]) for key in DLQ_ATTRIBUTES}
+    found = {key: fit_bytes(seed[key]) for key in DLQ_ATTRIBUTES}
     found[DEAD_LETTER] = "1"
     found[JOB_ID] = delivery.job_id
-    found["jobfence-queue"] = _fit(delivery.queue)
-    found["jobfence-consumer"] = _fit(consumer)
+    found["jobfence-queue"] = fit_bytes(delivery.queue)
+    found["jobfence-consumer"] = fit_bytes(consumer)
     found.update(trace_headers(delivery.trace_context))  # the job's trace (docs/tracing.md)
     return found
 
@@ -101,7 +101,7 @@ class DeadLetterQueue(PubSubMessaging):
     ) -> None:
         """Publish a jobfence dead letter to the queue's DLQ topic (seed 004 §10.5) — unless
         Pub/Sub itself put the message there: one DLQ message per failure, and no loop."""
-        token: _Token = delivery.token
+        token: AckToken = delivery.token
         if token.from_dlq:
             return
         message = types.PubsubMessage(
@@ -158,7 +158,7 @@ class DeadLetterQueue(PubSubMessaging):
             "Pub/Sub dead-lettered a message: it becomes a jobfence dead letter",
             extra={"job_id": meta.job_id, "queue": queue, "deliveries": count},
         )
-        token = _Token(self.subscription_path(names.dlq_subscription), item.ack_id, from_dlq=True)
+        token = AckToken(self.subscription_path(names.dlq_subscription), item.ack_id, from_dlq=True)
         delivery = meta.delivery(
             queue, bytes(item.message.data), meta.attempts + count + 1, token=token, ref=names.topic
         )

@@ -22,13 +22,13 @@ MAX_PULL = 1000
 
 
 @dataclass
-class _Token:
+class AckToken:
     subscription: str  # full path of the subscription the message was pulled from
     ack_id: str
     from_dlq: bool = False
 
 
-class _AckBatcher:
+class AckBatcher:
     """Acks that arrive while one Acknowledge request is on its way go out together in the
     next one (per subscription): under load one request answers many jobs, and an ack still
     returns only once Pub/Sub has it."""

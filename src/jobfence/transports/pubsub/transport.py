@@ -23,15 +23,14 @@ from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOT
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 
-from ...core.jobs import Delivery
+from ...core.jobs import Delivery, OutgoingJob
 from ...errors import Category, ConfigurationError
-from ...store import OutgoingJob
 from .. import Transport
 from .._broker import Meta, Options, ShieldedFetch, retry_record
 from .attributes import ATTRIBUTES_RESERVE, MAX_MESSAGE_BYTES, attributes, read_meta
 from .delayed import DelayedHolds
 from .dlq import DeadLetterQueue
-from .messaging import _AckBatcher, _Token
+from .messaging import AckBatcher, AckToken
 from .topology import MAX_ACK_DEADLINE, Names, encode_name, log
 
 
@@ -110,7 +109,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         self._timers: dict[asyncio.Task[None], tuple[str, str]] = {}
         self._exhausted: deque[Delivery] = deque()
         self._reads = ShieldedFetch()
-        self._acks = _AckBatcher(self._ack_ids)
+        self._acks = AckBatcher(self._ack_ids)
 
     @classmethod
     def from_url(cls, url: str, *, lease: timedelta, worker_id: str) -> PubSubTransport:
@@ -246,19 +245,13 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         message = received.message
         meta = read_meta(dict(message.attributes), message.message_id)
         attempt = meta.attempts + max(int(received.delivery_attempt), 1)
-        token = _Token(self.subscription_path(names.subscription), received.ack_id)
+        token = AckToken(self.subscription_path(names.subscription), received.ack_id)
         return meta.delivery(queue, bytes(message.data), attempt, token=token, ref=names.topic)
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
-        if limit <= 0:
-            return []
-        found: list[Delivery] = []
-        while self._exhausted and len(found) < limit:
-            found.append(self._exhausted.popleft())
-        found += self._reads.take(limit - len(found))
-        if found:
-            return found
-        return await self._reads.run(self._read(queues, limit, timeout))
+        return await self._reads.fetch(
+            self._exhausted, limit, lambda: self._read(queues, limit, timeout)
+        )
 
     async def _read(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         found: list[Delivery] = []
@@ -295,7 +288,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
             )
 
     async def ack(self, delivery: Delivery) -> None:
-        token: _Token = delivery.token
+        token: AckToken = delivery.token
         await self._acks.ack(token.subscription, token.ack_id)
 
     async def retry(
@@ -312,7 +305,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         await self._copy(delivery, meta, delay.total_seconds())
 
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
-        token: _Token = delivery.token
+        token: AckToken = delivery.token
         if token.from_dlq:
             await self._modify(token.subscription, [token.ack_id], 0)
             return
@@ -324,7 +317,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         by_subscription: dict[str, list[str]] = {}
         for delivery in deliveries:
-            token: _Token = delivery.token
+            token: AckToken = delivery.token
             by_subscription.setdefault(token.subscription, []).append(token.ack_id)
         for subscription, ack_ids in by_subscription.items():
             await self._modify(subscription, ack_ids, self.deadline)

@@ -108,15 +108,6 @@ SET status = 'replayed', reviewed_at = now(), reviewed_by = %(actor)s,
 WHERE id = ANY(%(ids)s) AND status = 'pending_review'
 RETURNING id
 
--- name: dl_requeue
--- trace_context: the replay's span (jobfence.tracing), else the letter's own
-INSERT INTO core.jobs (queue, job_id, correlation_id, payload, partner, trace_context)
-SELECT queue, job_id, correlation_id, payload, partner,
-       coalesce(%(trace_context)s, trace_context)
-FROM core.dead_letters
-WHERE id = ANY(%(ids)s)
-ORDER BY id
-
 -- name: dl_payloads
 SELECT id, queue, job_id, correlation_id, payload, trace_context
 FROM core.dead_letters

@@ -69,16 +69,6 @@ SET status = 'replayed', reviewed_at = {NOW}, reviewed_by = :actor, review_reaso
 WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'pending_review'
 RETURNING id
 
--- name: dl_requeue
--- trace_context: the replay's span (jobfence.tracing), else the letter's own
-INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner,
-                       trace_context)
-SELECT queue, job_id, correlation_id, payload, {NOW}, {NOW}, partner,
-       coalesce(:trace_context, trace_context)
-FROM core_dead_letters
-WHERE id IN (SELECT value FROM json_each(:ids))
-ORDER BY id
-
 -- name: dl_payloads
 SELECT id, queue, job_id, correlation_id, payload, trace_context
 FROM core_dead_letters

@@ -4,6 +4,7 @@ and loading an app (``MODULE:ATTRIBUTE``)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 import importlib
 import json
@@ -215,7 +216,7 @@ def load_app(spec: str) -> Any:
     return app
 
 
-def _queue_list(value: str | None) -> list[str] | None:
+def queue_list(value: str | None) -> list[str] | None:
     if not value:
         return None
     return [q.strip() for q in value.split(",") if q.strip()]
@@ -272,7 +273,7 @@ def _show(span: timedelta) -> str:
 POSITIVE = Duration(minimum=timedelta(microseconds=1))
 
 
-def _moment(text: str | None, what: str) -> datetime | None:
+def parse_moment(text: str | None, what: str) -> datetime | None:
     """An ISO 8601 time (UTC if no zone) or a duration ago (``2h`` = two hours ago)."""
     if text is None:
         return None
@@ -360,7 +361,7 @@ def serve_probes(port: int | None, host: str, liveness_timeout: timedelta) -> No
 
 def limit_option(default: int = 50) -> Callable[[F], F]:
     """``--limit``: rows per page, capped as the ops API caps it (``MAX_PAGE``)."""
-    from ..review.deadletters import MAX_PAGE
+    from ..review.validation import MAX_PAGE
 
     return click.option(
         "--limit",
@@ -371,7 +372,54 @@ def limit_option(default: int = 50) -> Callable[[F], F]:
     )
 
 
-def _default_actor() -> str:
+#: the criteria of ``--queue … --until`` (what the ops API's and the console's letter filter take)
+LETTER_CRITERIA = ("queue", "consumer", "category", "error_text", "job_id", "since", "until")
+
+
+def letter_filter_options(func: Callable[..., T]) -> Callable[..., T]:
+    """Which dead letters, the same criteria on every command that takes a letter filter
+    (``list``, ``replay``, ``discard-matching``; the ops API and the console take them too):
+    ``--queue --consumer --category --error --job-id --since --until``. The command gets
+    them as one ``letter_filter`` argument, a :class:`~jobfence.review.deadletters.Filter`."""
+    from ..errors import Category
+    from ..review.deadletters import Filter
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> T:
+        given = {name: kwargs.pop(name) for name in LETTER_CRITERIA}
+        kwargs["letter_filter"] = Filter(
+            queue=given["queue"],
+            consumer=given["consumer"],
+            category=given["category"],
+            error=given["error_text"],
+            job_id=given["job_id"],
+            since=parse_moment(given["since"], "--since"),
+            until=parse_moment(given["until"], "--until"),
+        )
+        return func(*args, **kwargs)
+
+    options = [
+        click.option("--queue", help="Only letters of this queue."),
+        click.option("--consumer", help="Only letters of this consumer."),
+        click.option(
+            "--category",
+            type=click.Choice([c.value for c in Category]),
+            help="Only this category.",
+        ),
+        click.option(
+            "--error", "error_text", help="Only letters whose error contains this (any case)."
+        ),
+        click.option("--job-id", help="Only letters of this job_id."),
+        click.option("--since", help="Failed at or after: ISO time, or a duration ago (2h)."),
+        click.option("--until", help="Failed before: ISO time, or a duration ago."),
+    ]
+    decorated: Callable[..., T] = command
+    for option in reversed(options):
+        decorated = option(decorated)
+    return decorated
+
+
+def default_actor() -> str:
     """``$JOBFENCE_ACTOR``, else ``user@host``: who acts (or reads) for the audit log."""
     if os.environ.get("JOBFENCE_ACTOR"):
         return os.environ["JOBFENCE_ACTOR"]
@@ -387,7 +435,7 @@ def actor_option(func: F) -> F:
         "--actor",
         envvar="JOBFENCE_ACTOR",
         show_envvar=True,
-        default=_default_actor,
+        default=default_actor,
         help="Who is acting, for the audit log (default: user@host).",
     )(func)
 
@@ -402,7 +450,7 @@ def json_option(func: F) -> F:
 
 
 @asynccontextmanager
-async def _opened(
+async def opened_app(
     database_url: str | None, transport: str | None = None, *, long_running: bool = False
 ) -> AsyncIterator[App]:
     app = make_app(database_url, transport, long_running=long_running)
@@ -410,7 +458,7 @@ async def _opened(
         yield app
 
 
-def _emit(data: Any) -> None:
+def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, default=_default, ensure_ascii=False))
 
 
@@ -422,7 +470,7 @@ def _default(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-def _ts(value: datetime | None) -> str:
+def show_time(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
