@@ -260,9 +260,9 @@ def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
         ],
         "enqueue#later": ["enqueue", "q", "--payload", "{}", "--delay", "1h"],
         "jobs list": ["jobs", "list"],
-        "jobs show": ["jobs", "show", "1"],
-        "jobs retry-now": ["jobs", "retry-now", "4"],  # the delayed one
-        "jobs cancel": ["jobs", "cancel", "1", "--reason", "r"],
+        "jobs show": ["jobs", "show", "--id", "1"],
+        "jobs retry-now": ["jobs", "retry-now", "--id", "4"],  # the delayed one
+        "jobs cancel": ["jobs", "cancel", "--id", "1", "--reason", "r"],
         "queues pause": ["queues", "pause", "q"],
         "queues list": ["queues", "list"],
         "queues resume": ["queues", "resume", "q"],

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -353,14 +353,7 @@ class App:
         async with self._open_lock:
             if self._db is not None:
                 return
-            db = connect(self.url, lock_timeout=self.lock_timeout)
-            await db.open(max_size=pool_size)
-            try:
-                await self._prepare(db)
-                transport = await self._make_transport(db, pool_size)
-            except BaseException:
-                await db.close()
-                raise
+            db, transport = await self._connect(pool_size, self._owned)
             if self._engine_work is not None:
                 self._engine_work.db = db
             consumers = {q: c.name for q, c in self.consumers.items()}
@@ -370,6 +363,38 @@ class App:
             )
             self._db, self._transport = db, transport
 
+    async def _connect(self, pool_size: int, owned: list[Database]) -> tuple[Database, Transport]:
+        """The app's database, prepared, and its transport (a second queue database goes to
+        ``owned``, which the caller closes)."""
+        db = connect(self.url, lock_timeout=self.lock_timeout)
+        await db.open(max_size=pool_size)
+        try:
+            await self._prepare(db)
+            return db, await self._make_transport(db, pool_size, owned)
+        except BaseException:
+            for other in owned:
+                await other.close()
+            owned.clear()
+            await db.close()
+            raise
+
+    @asynccontextmanager
+    async def _one_call(self) -> AsyncIterator[Transport]:
+        """The transport for one call of an app that is not open: connected for the call and
+        closed before it returns, so nothing it opened (a pool, SQLite's connection thread, a
+        broker connection) outlives the call or keeps the process from exiting."""
+        owned: list[Database] = []
+        db, transport = await self._connect(1, owned)
+        try:
+            yield transport
+        finally:
+            try:
+                await transport.close()
+            finally:
+                for other in owned:
+                    await other.close()
+                await db.close()
+
     async def _prepare(self, db: Database) -> None:
         store = Store(db)
         if self.auto_migrate:
@@ -377,7 +402,9 @@ class App:
         else:
             await store.check_schema()
 
-    async def _make_transport(self, db: Database, pool_size: int) -> Transport:
+    async def _make_transport(
+        self, db: Database, pool_size: int, owned: list[Database]
+    ) -> Transport:
         spec = self._transport_spec
         if isinstance(spec, Transport):
             await spec.open()
@@ -392,7 +419,7 @@ class App:
             )
         other = connect(parse_database_url(spec), lock_timeout=self.lock_timeout)
         await other.open(max_size=pool_size)
-        self._owned.append(other)
+        owned.append(other)
         await self._prepare(other)
         return DatabaseQueue(
             other, shares_database=False, lease=self.lease, worker_id=self.worker_id
@@ -477,10 +504,11 @@ class App:
                     "transaction would wait for the handler's own"
                 )
             if not self.is_open:
-                await self.open()
-            self.transport.check_payloads(jobs)
-            with self._sending(jobs, self.transport.name) as traced:
-                await self.transport.publish(traced)
+                # on its own: connect for this call only (open the app once to enqueue many)
+                async with self._one_call() as transport:
+                    await self._publish(transport, jobs)
+                return
+            await self._publish(self.transport, jobs)
             return
         if self.is_open and not isinstance(self.transport, DatabaseQueue):
             raise EnqueueError(
@@ -491,6 +519,11 @@ class App:
         _check_database_payloads(jobs, tx.dialect)
         with self._sending(jobs, tx.dialect) as traced:
             await database_queue.enqueue(tx, traced)
+
+    async def _publish(self, transport: Transport, jobs: Sequence[OutgoingJob]) -> None:
+        transport.check_payloads(jobs)
+        with self._sending(jobs, transport.name) as traced:
+            await transport.publish(traced)
 
     def _sending(
         self, jobs: Sequence[OutgoingJob], transport: str

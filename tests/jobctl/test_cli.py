@@ -40,14 +40,15 @@ def test_jobs_list_show_cancel_and_retry_now(database_url: str, capsys: Capture)
     listed = jobfence(capsys, "jobs", "list", "--json", *db)
     retrying = jobfence(capsys, "jobs", "list", "--state", "retrying", "--json", *db)
     paged = jobfence(capsys, "jobs", "list", "--limit", "2", *db)
-    shown = jobfence(capsys, "jobs", "show", str(ids["m-2"]), *db)
-    blank = jobfence(capsys, "jobs", "cancel", str(ids["m-1"]), "--reason", " ", *db)
+    shown = jobfence(capsys, "jobs", "show", "m-2", *db)
+    blank = jobfence(capsys, "jobs", "cancel", "m-1", "--reason", " ", *db)
     cancelled = jobfence(
-        capsys, "jobs", "cancel", str(ids["m-1"]), "--reason", "sent twice", "--json", *db
+        capsys, "jobs", "cancel", "--id", str(ids["m-1"]), "--reason", "sent twice", "--json", *db
     )
-    again = jobfence(capsys, "jobs", "cancel", str(ids["m-1"]), "--reason", "again", *db)
-    due = jobfence(capsys, "jobs", "retry-now", str(ids["m-3"]), *db)
-    now = jobfence(capsys, "jobs", "retry-now", str(ids["m-2"]), "--actor", "otto", *db)
+    again = jobfence(capsys, "jobs", "cancel", "m-1", "--reason", "again", *db)
+    gone = jobfence(capsys, "jobs", "show", "--id", str(ids["m-1"]), *db)
+    due = jobfence(capsys, "jobs", "retry-now", "m-3", "--queue", "mail", *db)
+    now = jobfence(capsys, "jobs", "retry-now", "m-2", "--actor", "otto", *db)
     assert [j["job_id"] for j in lines(listed[1])] == ["m-1", "m-2", "m-3"]
     assert [(j["job_id"], j["last_error"]) for j in lines(retrying[1])] == [("m-2", "SMTP 451")]
     assert paged[0] == 0
@@ -61,9 +62,12 @@ def test_jobs_list_show_cancel_and_retry_now(database_url: str, capsys: Capture)
     assert cancelled[0] == 0, cancelled[2]
     letter = lines(cancelled[1])[0]["dead_letter_id"]
     assert again[0] == 1
-    assert f"no job {ids['m-1']} in the queue" in again[2]
+    assert "job 'm-1' is not in the queue" in again[2]
+    assert f"dead letter: {letter} (discarded, NON_RETRYABLE_ERROR)" in again[2]
+    assert (gone[0], f"no job {ids['m-1']} in the queue" in gone[2]) == (1, True)
+    assert "look it up by its job_id" in gone[2]
     assert (due[0], "already due" in due[2]) == (1, True)
-    assert (now[0], now[1].strip()) == (0, f"job {ids['m-2']} (m-2) is due now")
+    assert (now[0], now[1].strip()) == (0, f"job m-2 (id {ids['m-2']}) is due now")
     kept = asyncio.run(
         query(
             url,
@@ -85,7 +89,15 @@ def test_a_running_job_is_refused_at_once(database_url: str, capsys: Capture) ->
 
     row = asyncio.run(claim())
     code, _, err = jobfence(
-        capsys, "jobs", "cancel", str(row), "--reason", "stop", "--database-url", database_url
+        capsys,
+        "jobs",
+        "cancel",
+        "--id",
+        str(row),
+        "--reason",
+        "stop",
+        "--database-url",
+        database_url,
     )
     assert code == 1
     assert "running on worker" in err

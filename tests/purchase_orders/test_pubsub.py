@@ -9,9 +9,11 @@ import sys
 import uuid
 from datetime import timedelta
 
+from rich.console import Console
+
 from jobfence.transports.pubsub import PubSubTransport
 from jobfence_examples.purchase_orders import QUEUE
-from jobfence_examples.purchase_orders.demo import Scenario, run_scenario
+from jobfence_examples.purchase_orders.demo import Scenario, print_summary, run_scenario
 
 from ..contract.support import PUBSUB_HOST, pubsub_cleanup
 from ..helpers import query
@@ -71,6 +73,27 @@ async def test_the_purchase_order_path_runs_on_pubsub_and_mirrors_dead_letters(
     assert {(a["original_topic"], a["original_subscription"]) for a in on_dlq} == {
         ("nexus.purchase-orders.create", "nexus.purchase-orders.create.workers")
     }
+    # the demo's summary explains the DLQ messages next to "no pending dead letter": each is
+    # the letter of an event an operator retry replaced (issue 23)
+    console = Console(record=True, width=400)
+    print_summary(result, console)
+    printed = console.export_text()
+    summary = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in printed.splitlines()
+        if line.count("│") == 3
+    }
+    assert summary["dead letters written (one per failed event)"] == str(len(on_dlq))
+    assert summary["discarded: superseded by the operator's retry (a new event)"] == str(
+        len(on_dlq)
+    )
+    assert summary["pending review: requests still failed (their current event)"] == "0"
+    published = [k for k in summary if k.startswith("each also published once to the DLQ topic")]
+    assert published == [
+        "each also published once to the DLQ topic nexus.purchase-orders.create.dlq"
+    ]
+    assert "create your own subscription on it before the failures" in printed
+    assert summary[published[0]] == str(len(on_dlq))
 
 
 def test_demo_purchase_orders_takes_a_pubsub_transport() -> None:

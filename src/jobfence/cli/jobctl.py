@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import click
 from rich.table import Table
@@ -21,7 +22,7 @@ from ..app import App
 from ..db import Database
 from ..errors import InvalidRequest
 from ..review import deadletters as service
-from ..review import discards, jobctl
+from ..review import discards, jobctl, jobfind
 from ..review.validation import checked_reason
 from .common import (
     actor_option,
@@ -73,6 +74,47 @@ async def _queue(
 
 def _who(actor: str | None = None) -> service.Actor:
     return service.Actor(actor or default_actor(), "cli")
+
+
+def job_ref(command: Callable[..., Any]) -> Callable[..., Any]:
+    """JOB_ID (with ``--queue`` when several queues hold it) or ``--id N``, the row id."""
+    command = click.option(
+        "--id",
+        "row_id",
+        type=click.IntRange(1),
+        help="The job's queue row id (`id` in `jobs list`) instead of its job_id.",
+    )(command)
+    command = click.option("--queue", help="The job's queue (when several hold the job_id).")(
+        command
+    )
+    return click.argument("job_id", required=False)(command)
+
+
+def _ref(job_id: str | None, row_id: int | None, queue: str | None) -> None:
+    """Exactly one way to name the job, checked before connecting."""
+    if (job_id is None) == (row_id is None):
+        raise click.UsageError(
+            "name the job by its job_id (JOB_ID, with --queue when several queues hold it) "
+            "or by its row id (--id N, the id `jobs list` shows) — one of the two"
+        )
+    if row_id is not None and queue is not None:
+        raise click.UsageError("--queue goes with a job_id; --id names one job already")
+
+
+async def _row(
+    app: App, qdb: Database, job_id: str | None, row_id: int | None, queue: str | None
+) -> int:
+    if row_id is not None:
+        return row_id
+    assert job_id is not None  # _ref checked it
+    return await jobfind.find_job(
+        app.db,
+        job_id,
+        actor=_who(),
+        queue=queue,
+        consumers={q: c.name for q, c in app.consumers.items()},
+        queue_db=qdb,
+    )
 
 
 @jobs_group.command("list")
@@ -149,22 +191,32 @@ def list_jobs(
 
 
 @jobs_group.command("show")
-@click.argument("job", type=click.IntRange(1))
+@job_ref
 @database_option
 @transport_option
 @json_option
-def show_job(job: int, database_url: str | None, transport: str | None, as_json: bool) -> None:
-    """One job (by the id the list shows): payload and every failed attempt's traceback."""
+def show_job(
+    job_id: str | None,
+    row_id: int | None,
+    queue: str | None,
+    database_url: str | None,
+    transport: str | None,
+    as_json: bool,
+) -> None:
+    """One job by its JOB_ID (or --id N): payload and every failed attempt's traceback. A job
+    no longer queued says what became of it: finished (its fence) or a dead letter."""
+    _ref(job_id, row_id, queue)
 
     async def go() -> jobctl.JobView:
-        async with _queue(database_url, transport) as (_, qdb):
+        async with _queue(database_url, transport) as (app, qdb):
+            job = await _row(app, qdb, job_id, row_id, queue)
             return await jobctl.show_job(qdb, job, actor=_who())
 
     view = run(go())
     if as_json:
         emit_json(view.to_json())
         return
-    table = Table(title=f"job {job}", show_header=False)
+    table = Table(title=f"job {view.job.job_id} (id {view.job.id})", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     j = view.job
@@ -194,14 +246,16 @@ def show_job(job: int, database_url: str | None, transport: str | None, as_json:
 
 
 @jobs_group.command("cancel")
-@click.argument("job", type=click.IntRange(1))
+@job_ref
 @database_option
 @transport_option
 @click.option("--reason", required=True, help="Why (required; kept on the letter, audited).")
 @actor_option
 @json_option
 def cancel(
-    job: int,
+    job_id: str | None,
+    row_id: int | None,
+    queue: str | None,
     database_url: str | None,
     transport: str | None,
     reason: str,
@@ -211,12 +265,13 @@ def cancel(
     """Cancel a waiting or retrying job: it leaves the queue and is kept as a discarded dead
     letter (error code CANCELLED) with the reason. A running job is refused at once."""
     checked_reason(reason, required=True)  # a blank reason is refused before connecting
+    _ref(job_id, row_id, queue)
 
     async def go() -> jobctl.CancelResult:
         async with _queue(database_url, transport) as (app, qdb):
             return await jobctl.cancel_job(
                 app.db,
-                job,
+                await _row(app, qdb, job_id, row_id, queue),
                 actor=_who(actor),
                 reason=reason,
                 consumers={q: c.name for q, c in app.consumers.items()},
@@ -228,20 +283,22 @@ def cancel(
         emit_json({"job": done.job.to_json(), "dead_letter_id": done.dead_letter_id})
     else:
         console.print(
-            f"job {job} ({done.job.job_id}) cancelled: kept as dead letter "
+            f"job {done.job.job_id} (id {done.job.id}) cancelled: kept as dead letter "
             f"{done.dead_letter_id} (discarded)"
         )
 
 
 @jobs_group.command("retry-now")
-@click.argument("job", type=click.IntRange(1))
+@job_ref
 @database_option
 @transport_option
 @click.option("--reason", help="Why (optional; audited).")
 @actor_option
 @json_option
 def retry_now(
-    job: int,
+    job_id: str | None,
+    row_id: int | None,
+    queue: str | None,
     database_url: str | None,
     transport: str | None,
     reason: str | None,
@@ -249,9 +306,11 @@ def retry_now(
     as_json: bool,
 ) -> None:
     """Make a job scheduled for later (a retry, or a delayed job) due now."""
+    _ref(job_id, row_id, queue)
 
     async def go() -> jobctl.JobSummary:
         async with _queue(database_url, transport) as (app, qdb):
+            job = await _row(app, qdb, job_id, row_id, queue)
             return await jobctl.retry_now(
                 app.db, job, actor=_who(actor), reason=reason, queue_db=qdb
             )
@@ -260,7 +319,7 @@ def retry_now(
     if as_json:
         emit_json(done.to_json())
     else:
-        console.print(f"job {job} ({done.job_id}) is due now")
+        console.print(f"job {done.job_id} (id {done.id}) is due now")
 
 
 @queues_group.command("list")

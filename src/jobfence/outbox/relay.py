@@ -32,6 +32,7 @@ from ..core.retry import RetryPolicy
 from ..db import Database, Tx
 from ..errors import Category, ConfigurationError, classify, describe, error_code
 from ..metrics import RELAYS
+from ..runtime import holding
 from ..runtime.context import RuntimeSource
 from ..runtime.health import Health, register, unregister
 from . import DEFAULT_RETENTION, PUBLISH_FAILED_RETRY, cleanup
@@ -269,8 +270,7 @@ class Relay:
         return self._task
 
     async def stop(self, *, force: bool = False) -> RelayStats:
-        """Stop a relay started with :meth:`start` after its current round (``force``: now,
-        see :meth:`force_stop`)."""
+        """Stop a :meth:`start`-ed relay after its round (``force``: now, :meth:`force_stop`)."""
         if force:
             self.force_stop()
         self.request_stop()
@@ -283,7 +283,7 @@ class Relay:
         self.health = Health("relay")
         register(self.health)
         try:
-            await self.app.open()
+            held = await holding.hold(self.app, pool_size=10)
         except BaseException:
             unregister(self.health)
             raise
@@ -316,7 +316,6 @@ class Relay:
                     raise
         finally:
             self._round = None
-
             self.health.draining = True
             unregister(self.health)
             RELAYS.dec()
@@ -340,6 +339,8 @@ class Relay:
                     "forced": self._forced,
                 },
             )
+            if held:
+                await holding.release(self.app)
         return self.stats
 
     async def _rounds(self, listener: asyncio.Task[None] | None) -> None:

@@ -252,12 +252,19 @@ async def show_job(
     checked_id(job, "the job id")
     rows = await (queue_db or db).run("job_get", {"id": job})
     if not rows or not actor.sees(rows[0]["partner"]):
-        raise NotFound(f"no job {job} in the queue (done, dead-lettered, or never there)")
+        raise NotFound(_gone(job))
     row = rows[0]
     return JobView(_summary(row), bytes(row["payload"]), history_from(row["history"]))
 
 
 # -- act -------------------------------------------------------------------------------------
+
+
+def _gone(job: int) -> str:
+    return (
+        f"no job {job} in the queue (finished, dead-lettered, or never there: look it up by "
+        "its job_id to know which)"
+    )
 
 
 def _running(job: int, worker: str | None) -> ReviewConflict:
@@ -283,7 +290,7 @@ async def _locked(tx: Tx, job: int, actor: Actor) -> Mapping[str, Any]:
     # PostgreSQL skips a row locked already: the transaction of an attempt running it
     seen = rows or await tx.q("job_get", {"id": job})
     if not seen or not actor.sees(seen[0]["partner"]):
-        raise NotFound(f"no job {job} in the queue (done, dead-lettered, or never there)")
+        raise NotFound(_gone(job))
     if not rows or seen[0]["state"] == "running":
         raise _running(job, seen[0]["worker_id"])
     return rows[0]

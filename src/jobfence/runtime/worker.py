@@ -23,6 +23,7 @@ from typing import Any
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from ..core.jobs import Delivery
 from ..metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
+from . import holding
 from .context import Runtime, RuntimeSource
 from .harness import Harness, Outcome
 from .health import Health, register, unregister
@@ -210,7 +211,7 @@ class Worker:
     async def run(self, *, install_signal_handlers: bool = False) -> WorkerStats:
         register(self.health)
         try:
-            await self.app.open(pool_size=self.concurrency + 4)
+            held = await holding.hold(self.app, pool_size=self.concurrency + 4)
         except BaseException:
             unregister(self.health)
             raise
@@ -279,6 +280,8 @@ class Worker:
                 "worker stopped",
                 extra={"handled": self.stats.handled, "cancelled": self.cancelled},
             )
+            if held:
+                await holding.release(self.app)
         return self.stats
 
     async def _loop(self, harness: Harness) -> None:

@@ -32,7 +32,7 @@ from jobfence.http import DEFAULT_LEASE, DEFAULT_WINDOW, tcp_listen_socket
 
 from .adapter import CallRetry, ErpSettings
 from .erp import ErpProcess, Switches
-from .models import RETRYABLE, RUNNING, State
+from .models import QUEUE, RETRYABLE, RUNNING, State
 from .service import PurchaseOrderService, migrate
 
 DEMO_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -104,6 +104,8 @@ class Result:
     post_seconds: float
     settle_seconds: float
     outbox_counts: dict[str, int]
+    #: every dead letter of the requests' events, by review status (old events' included)
+    letter_statuses: dict[str, int] = field(default_factory=dict)
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
 
     @property
@@ -508,6 +510,7 @@ async def run_scenario(
             post_seconds=post_seconds,
             settle_seconds=settle_seconds,
             outbox_counts=await outbox.counts(svc.db),
+            letter_statuses=await svc.dead_letter_statuses(sorted(accepted)),
         )
     result.checks = check(result)
     return result
@@ -595,6 +598,37 @@ def check(result: Result) -> list[tuple[str, bool, str]]:
     return checks
 
 
+def add_dead_letter_rows(pipeline: Table, result: Result) -> None:
+    """Every dead letter the run wrote, and why a failed request that the operator retried
+    has none pending: its retry sent a new event and discarded the old event's letter."""
+    statuses = result.letter_statuses
+    written = sum(statuses.values())
+    pipeline.add_row("dead letters written (one per failed event)", str(written))
+    pipeline.add_row(
+        "  discarded: superseded by the operator's retry (a new event)",
+        str(statuses.get("discarded", 0)),
+    )
+    pipeline.add_row(
+        "  pending review: requests still failed (their current event)",
+        str(len(result.dead_letters)),
+    )
+    transport = result.scenario.transport or ""
+    if transport.startswith("pubsub://"):
+        dlq = dlq_topic(transport)
+        pipeline.add_row(f"  each also published once to the DLQ topic {dlq}", str(written))
+
+
+def dlq_topic(url: str) -> str:
+    """The DLQ topic of the purchase-order queue on the ``pubsub://`` transport ``url``:
+    ``PREFIX.QUEUE.DLQ`` (``?prefix=``, default ``jobfence``; ``?dlq=``, default ``dlq``;
+    docs/transports.md)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    options = parse_qs(urlsplit(url).query)
+    prefix = options.get("prefix", ["jobfence"])[0]
+    return f"{prefix}.{QUEUE}.{options.get('dlq', ['dlq'])[0]}"
+
+
 def print_summary(result: Result, console: Console) -> None:
     answers = Table(title="HTTP answers (first answer per POST)")
     answers.add_column("answer")
@@ -636,10 +670,16 @@ def print_summary(result: Result, console: Console) -> None:
         f"{erp['rejected_functional']} / {erp['rejected_business']}",
     )
     pipeline.add_row("  401 (expired token → one refresh)", str(erp["unauthorized"]))
-    pipeline.add_row("dead letters of failed requests", str(len(result.dead_letters)))
+    add_dead_letter_rows(pipeline, result)
     pipeline.add_row("outbox", ", ".join(f"{k} {v}" for k, v in result.outbox_counts.items()))
     pipeline.add_row("POST rate", f"{len(result.sends) / result.post_seconds:.0f}/s")
     console.print(pipeline)
+    if (result.scenario.transport or "").startswith("pubsub://"):
+        console.print(
+            f"Pub/Sub keeps a message of {dlq_topic(result.scenario.transport or '')} only for "
+            "the subscriptions that exist when it is published: to read the DLQ topic, create "
+            "your own subscription on it before the failures (docs/transports.md)."
+        )
 
     checks = Table(title="Checks")
     checks.add_column("claim")

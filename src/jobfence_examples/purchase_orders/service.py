@@ -766,6 +766,17 @@ class PurchaseOrderService:
             rows = await q(tx, "dead_letters_for_events", {"event_ids": list(event_ids)})
         return {row["job_id"]: row for row in rows}
 
+    async def dead_letter_statuses(self, request_ids: Sequence[str]) -> dict[str, int]:
+        """How many dead letters these requests' events left, by review status (the letters of
+        events an operator retry replaced included)."""
+        async with self.db.transaction() as tx:
+            rows = await q(
+                tx,
+                "dead_letters_of_requests",
+                {"queue": QUEUE, "request_ids": list(request_ids)},
+            )
+        return {row["status"]: int(row["letters"]) for row in rows}
+
     async def audit_of(self, request_id: str) -> list[dict[str, Any]]:
         async with self.db.transaction() as tx:
             return await q(tx, "audit_for_request", {"request_id": request_id})

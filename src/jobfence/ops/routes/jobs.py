@@ -20,7 +20,7 @@ from ...app import App
 from ...db import Database
 from ...errors import NotFound
 from ...review import deadletters as service
-from ...review import discards, jobctl
+from ...review import discards, jobctl, jobfind
 from ...review.validation import MAX_REASON
 from .. import models
 from ..auth import Principal
@@ -174,6 +174,29 @@ async def list_jobs(
     )
     found = await jobctl.list_jobs(queue_db(jf), flt, actor=actor_of(who), limit=limit, after=after)
     return {"items": [JobSummary.of(j) for j in found.items], "next_cursor": found.next_cursor}
+
+
+@router.get(
+    "/v1/jobs/by-job-id/{job_id}", response_model=JobDetail, responses=MISSING, tags=["jobs"]
+)
+async def find_job(
+    job_id: str = Path(min_length=1, max_length=255, description="The job's job_id."),
+    queue: str | None = Query(None, description="Its queue, when several queues hold it."),
+    who: Principal = VIEWER,
+    jf: App = APP,
+) -> Any:
+    """One job by its job_id, as `GET /v1/jobs/{id}`; 404 says what became of a job no longer
+    queued (finished: its fence's consumer and time; or its dead letter); 422 lists several
+    queued jobs with the job_id."""
+    job = await jobfind.find_job(
+        jf.db,
+        job_id,
+        actor=actor_of(who),
+        queue=queue,
+        consumers={q: c.name for q, c in jf.consumers.items()},
+        queue_db=queue_db(jf),
+    )
+    return await show_job(job, who, jf)
 
 
 @router.get("/v1/jobs/{job}", response_model=JobDetail, responses=MISSING, tags=["jobs"])

@@ -164,6 +164,14 @@ FROM purchase_orders.requests WHERE request_id = ANY(%(ids)s::uuid[])
 SELECT id, queue, job_id, attempts, error_code, error_category, status, payload
 FROM core.dead_letters WHERE job_id = ANY(%(event_ids)s)
 
+-- name: dead_letters_of_requests
+-- Every dead letter of these requests' events, old ones included (an operator retry sends a
+-- new event and discards the letter of the old one), by review status.
+SELECT status, count(*) AS letters
+FROM core.dead_letters
+WHERE queue = %(queue)s AND correlation_id = ANY(%(request_ids)s)
+GROUP BY status
+
 -- name: audit_for_request
 SELECT id, at, actor, role, scope, action, detail FROM purchase_orders.audit
 WHERE request_id = %(request_id)s ORDER BY id

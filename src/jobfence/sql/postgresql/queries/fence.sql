@@ -103,3 +103,10 @@ SELECT EXISTS (SELECT 1 FROM core.processed_jobs_default
                   WHERE NOT p.is_default
                     AND p.upper_bound <= coalesce(%(now)s::timestamptz, now())
                                          - make_interval(secs => %(min_age)s)) AS due
+
+-- name: fence_find
+-- The fence rows of one job_id among the given consumers (a job looked up by its job_id
+-- that is no longer queued: finished, and when). One index probe per consumer and day.
+SELECT consumer, processed_at, expires_at FROM core.processed_jobs
+WHERE consumer = ANY(%(consumers)s) AND job_id = %(job_id)s
+ORDER BY processed_at, consumer

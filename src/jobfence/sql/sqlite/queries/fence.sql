@@ -31,3 +31,8 @@ WHERE (consumer, job_id) IN (
 -- name: cleanup_due
 SELECT EXISTS (SELECT 1 FROM core_processed_jobs WHERE expires_at <= coalesce(:now, {NOW}))
     AS due
+
+-- name: fence_find
+SELECT consumer, processed_at, expires_at FROM core_processed_jobs
+WHERE consumer IN (SELECT value FROM json_each(:consumers)) AND job_id = :job_id
+ORDER BY processed_at, consumer
