@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure import BenchError, Worker, command, fresh_database, run_json, scalar
-
 SETTINGS = {
     "one job per transaction (--batch-size 1)": ("--batch-size", "1"),
     "defaults (no flags: group commit)": (),
@@ -37,6 +35,9 @@ COMMITS = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_data
 
 
 def count(jobs: int, args: tuple[str, ...]) -> dict[str, float]:
+    # measure needs the peers' virtualenv (psutil); round_trips() below does not (bench/calls.py)
+    from measure import BenchError, Worker, command, fresh_database, run_json, scalar
+
     strace = shutil.which("strace")
     if strace is None:
         raise BenchError("strace is needed: apt-get install -y strace")

@@ -43,6 +43,7 @@ DURATION_FLAGS = {
     ("ops serve", "--session-ttl"),
     ("worker", "--liveness-timeout"),
     ("relay", "--liveness-timeout"),
+    ("calls list", "--older-than"),
     ("migrate", "--wait"),
 }
 #: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
@@ -216,6 +217,7 @@ LISTS = {
     "outbox list",
     "jobs list",
     "queues list",
+    "calls list",
 }
 
 
@@ -239,6 +241,20 @@ def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
             await outbox.write(tx, "q", {"x": 1}, event_id="evt-1")
 
     asyncio.run(seed_event())
+
+    async def seed_call() -> None:  # an in-doubt call, through the ledger's own statements
+        from jobfence.calls import open_ledger
+        from jobfence.config import parse_database_url
+
+        ledger = await open_ledger(parse_database_url(url))
+        try:
+            params = {"consumer": "q", "queue": "q", "job_id": "j-9", "step": "erp.create"}
+            [row] = await ledger.run("calls_intent", {**params, "key": "k-9", "partner": None})
+            await ledger.run("calls_doubt", {"id": row["id"], "error": "read timeout"})
+        finally:
+            await ledger.close()
+
+    asyncio.run(seed_call())
     runs = {
         "migrate": ["migrate"],
         "enqueue": ["enqueue", "q", "--payload", "{}"],
@@ -273,6 +289,9 @@ def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
         "alerts deliver": ["alerts", "deliver", "--once"],
         "outbox cleanup": ["outbox", "cleanup"],
         "alerts list": ["alerts", "list"],
+        "calls list": ["calls", "list", "--state", "all"],
+        "calls show": ["calls", "show", "1"],
+        "calls settle": ["calls", "settle", "1", "not_applied", "--reason", "not there"],
     }  # fmt: skip
     runner = CliRunner()
     env = {"JOBFENCE_ACTOR": "ann", "COLUMNS": "200"}

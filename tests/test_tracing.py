@@ -560,3 +560,35 @@ def test_the_cli_logging_puts_the_ids_in_json_lines(
     assert inside["trace_id"] == format(span.get_span_context().trace_id, "032x")
     assert inside["span_id"] == format(span.get_span_context().span_id, "016x")
     assert "trace_id" not in outside
+
+
+async def test_a_recorded_call_is_a_span_under_its_jobs_with_the_key(
+    sqlite_database: str, spans: InMemorySpanExporter
+) -> None:
+    """``job.call`` (jobfence.calls): a ``call <step>`` span, a child of the job's
+    ``process`` span, with the step, its idempotency key and how it ended."""
+    from jobfence.calls import default_key
+
+    app = App(sqlite_database)
+    answers: list[Any] = []
+
+    async def send(key: str) -> dict[str, str]:
+        return {"reference": "PO-1"}
+
+    @app.consumer("q", retry=DEMO_POLICY)
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        answers.append(await job.call("erp.create", send))
+
+    async with app:
+        with test_tracer.start_as_current_span("make") as root:
+            await app.enqueue("q", {}, job_id="j1")
+        async with RunningWorker(app, poll_interval=0.05):
+            await eventually(lambda: answers, what="the call")
+    found = in_trace(spans, root.get_span_context().trace_id)
+    (process,) = named(found, "process q")
+    (call,) = named(found, "call erp.create")
+    assert parent_of(call) == process.context.span_id
+    assert call.kind is SpanKind.CLIENT
+    assert call.attributes["jobfence.call.step"] == "erp.create"
+    assert call.attributes["jobfence.call.key"] == default_key("j1", "erp.create")
+    assert call.attributes["jobfence.call.outcome"] == "succeeded"

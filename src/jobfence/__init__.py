@@ -6,6 +6,14 @@ letters that people can read, replay and discard.
 """
 
 from .app import App
+from .calls import (
+    CallInDoubt,
+    CallNotSent,
+    CallRejected,
+    CallRetry,
+    CallUnauthorized,
+    UnknownOutcome,
+)
 from .core.jobs import AttemptRecord, Delivery, Job, OutgoingJob
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx
@@ -54,6 +62,11 @@ __all__ = [
     "AuthenticationError",
     "AuthorizationError",
     "BusinessError",
+    "CallInDoubt",
+    "CallNotSent",
+    "CallRejected",
+    "CallRetry",
+    "CallUnauthorized",
     "Category",
     "ConfigurationError",
     "Database",
@@ -85,6 +98,7 @@ __all__ = [
     "Transport",
     "Tx",
     "UniqueViolation",
+    "UnknownOutcome",
     "ValidationError",
     "Worker",
     "__version__",

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from . import tracing
+from .calls.ledger import Ledger
 from .config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_BATCH_WINDOW,
@@ -143,6 +144,8 @@ class App:
         self.tracing: tracing.Tracing | None = tracing.get() if trace else None
         self.maintenance = maintenance or Maintenance()
         self.observers = Observers([])
+        #: the call ledger of ``job.call`` (jobfence.calls), opened by the first call
+        self.ledger = Ledger(self.url, self.observers, self.tracing)
         self.worker_id = default_holder()
         self._db: Database | None = None
         self._transport: Transport | None = None
@@ -312,6 +315,7 @@ class App:
             cached is not None
             and cached.db is self.db
             and cached.fence_enabled == self._fence_enabled
+            and cached.ledger is self.ledger
         ):
             return cached
         self._runtime = Runtime(
@@ -326,6 +330,7 @@ class App:
             payload_limit=self.payload_limit,
             maintenance=self.maintenance,
             redelivery_exposure=self.redelivery_exposure(),
+            ledger=self.ledger,
             fence_enabled=self._fence_enabled,
         )
         return self._runtime
@@ -361,6 +366,7 @@ class App:
                 [MetricsObserver(consumers), LogObserver(), *self._extra_observers]
                 + ([self.tracing] if self.tracing is not None else [])
             )
+            self.ledger = Ledger(self.url, self.observers, self.tracing)
             self._db, self._transport = db, transport
 
     async def _connect(self, pool_size: int, owned: list[Database]) -> tuple[Database, Transport]:
@@ -426,6 +432,7 @@ class App:
         )
 
     async def close(self) -> None:
+        await self.ledger.close()
         if self._transport is not None:
             await self._transport.close()
             self._transport = None

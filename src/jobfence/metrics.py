@@ -41,6 +41,31 @@ HANDLER_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
+# The call ledger (jobfence.calls): recorded calls to systems outside the database
+CALLS = Counter(
+    "jobfence_calls",
+    "Recorded calls (job.call) by step and how each ended for its delivery (succeeded, "
+    "recorded, reconciled, settled_applied, rejected, unauthorized, not_sent, in_doubt, "
+    "parked, unrecordable).",
+    ["queue", "consumer", "step", "outcome"],
+)
+RECONCILES = Counter(
+    "jobfence_call_reconciles",
+    "Lookups of calls in doubt (reconcile) by result: found, not_found, error.",
+    ["queue", "consumer", "step", "result"],
+)
+CALLS_OPEN = Gauge(
+    "jobfence_calls_open",
+    "Calls whose outcome is not known yet, by state (in_doubt; pending: being sent, or its "
+    "process died).",
+    ["state"],
+)
+CALLS_OLDEST_OPEN = Gauge(
+    "jobfence_calls_oldest_open_age_seconds",
+    "Age of the oldest call whose outcome is not known yet, by state.",
+    ["state"],
+)
+
 # Gauges read from the database (refreshed by workers' maintenance and by the ops API's
 # /metrics; see jobfence.review.stats.refresh_gauges).
 PENDING_REVIEW = Gauge(
@@ -167,3 +192,9 @@ class MetricsObserver(Observer):
 
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         LOST.labels(delivery.queue).inc()
+
+    def call_finished(self, job: Job[Any], consumer: str, step: str, outcome: str) -> None:
+        CALLS.labels(job.queue, consumer, step, outcome).inc()
+
+    def call_reconciled(self, job: Job[Any], consumer: str, step: str, result: str) -> None:
+        RECONCILES.labels(job.queue, consumer, step, result).inc()

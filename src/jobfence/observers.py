@@ -61,6 +61,16 @@ class Observer:
     async def after_commit(self, job: Job[Any]) -> None:
         """The work transaction committed; the transport has not been acked yet."""
 
+    def call_finished(self, job: Job[Any], consumer: str, step: str, outcome: str) -> None:
+        """A recorded call (``job.call``) ended for this delivery: ``outcome`` is
+        ``succeeded`` (sent and answered), ``recorded`` (an earlier delivery's answer, no
+        call), ``reconciled`` (found downstream), ``settled_applied``, ``rejected``,
+        ``unauthorized``, ``not_sent``, ``in_doubt`` (still unknown, the job is retried),
+        ``parked`` (the job goes to dead letters) or ``unrecordable``."""
+
+    def call_reconciled(self, job: Job[Any], consumer: str, step: str, result: str) -> None:
+        """A call in doubt was looked up downstream: ``found``, ``not_found`` or ``error``."""
+
 
 class Observers(Observer):
     """Fan a hook out to many observers, isolating their failures."""
@@ -149,6 +159,12 @@ class Observers(Observer):
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         self._each("job_lost", delivery, consumer)
 
+    def call_finished(self, job: Job[Any], consumer: str, step: str, outcome: str) -> None:
+        self._each("call_finished", job, consumer, step, outcome)
+
+    def call_reconciled(self, job: Job[Any], consumer: str, step: str, result: str) -> None:
+        self._each("call_reconciled", job, consumer, step, result)
+
     @property
     def wants_after_commit(self) -> bool:
         return bool(self._hooks["after_commit"])
@@ -182,4 +198,6 @@ _HOOKS = (
     "job_dead",
     "job_lost",
     "after_commit",
+    "call_finished",
+    "call_reconciled",
 )

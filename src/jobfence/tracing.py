@@ -85,6 +85,9 @@ ERROR_CATEGORY = "jobfence.error.category"
 ATTEMPT = "jobfence.attempt"
 CONSUMER = "jobfence.consumer"
 IDEMPOTENCY_OUTCOME = "jobfence.idempotency.outcome"
+CALL_STEP = "jobfence.call.step"
+CALL_KEY = "jobfence.call.key"
+CALL_OUTCOME = "jobfence.call.outcome"
 
 
 def system_of(transport_name: str) -> str:
@@ -373,6 +376,28 @@ class Tracing(Observer):
 
     def job_processed(self, job: Job[Any], duration: float) -> None:
         otel_trace.get_current_span().set_attribute("jobfence.handler.duration_s", duration)
+
+    # -- the call ledger (jobfence.calls) ---------------------------------------------------
+
+    @contextmanager
+    def call(self, step: str, key: str, consumer: str) -> Iterator[Any]:
+        """The span of one recorded call (``job.call``), a child of the delivery's
+        ``process`` span, with the step and its idempotency key as attributes."""
+        if not self.live:
+            yield INVALID_SPAN
+            return
+        with self.tracer.start_as_current_span(
+            f"call {step}",
+            kind=SpanKind.CLIENT,
+            attributes={CALL_STEP: step, CALL_KEY: key, CONSUMER: consumer},
+        ) as span:
+            yield span
+
+    @staticmethod
+    def call_outcome(span: Any, outcome: str, duration: float) -> None:
+        """How the call ended for this delivery (see ``Observer.call_finished``)."""
+        span.set_attribute(CALL_OUTCOME, outcome)
+        span.set_attribute("jobfence.call.duration_s", duration)
 
     # -- the HTTP door ---------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ local PostgreSQL server, a summary whose checks prove no double order, exit stat
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -28,11 +29,16 @@ def test_demo_purchase_orders_runs_end_to_end_and_cleans_up() -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "COLUMNS": "200"},  # the summary's rows unwrapped
     )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "no double order; every request accounted for" in out
     assert "some checks failed" not in out
-    assert out.count("│ ok │") == 7  # every check of the summary
+    assert out.count("│ ok │") == 9  # every check of the summary
     assert "ERP orders created = completed" in out
+    # the ERP does not de-duplicate (the default): the call ledger keeps it to one order each
+    assert "ERP orders created = requests accepted (ERP de-duplication off)" in out
+    assert "ERP calls in doubt" in out
+    assert "found in the ERP by the key" in out
     assert _demo_databases() == before

@@ -1,6 +1,7 @@
 """The purchase-order path end to end (SPEC A2): 1 000 POSTs with 20 % repeated keys and 5 %
-repeated external references while the ERP stand-in fails 10 % of calls transiently and 2 %
-of requests functionally; then an operator retries every failed request."""
+repeated external references while the ERP stand-in — which does not de-duplicate — fails 10 %
+of calls transiently and 2 % of requests functionally; then an operator retries every failed
+request."""
 
 from __future__ import annotations
 
@@ -61,8 +62,14 @@ async def test_1000_posts_end_as_one_order_each_or_a_failed_request_with_its_dea
         ("retry while running", 409, "RETRY_ALREADY_RUNNING"),
         ("retry of a completed request", 409, "REQUEST_NOT_RETRYABLE"),
     ]
-    # transient failures happened and were absorbed without a second order
+    # transient failures happened and were absorbed without a second order, by an ERP that
+    # does not de-duplicate (the default scenario): each doubt was looked up by its key
     assert result.erp_stats["unavailable"] > 0
     assert result.erp_stats["ambiguous"] + result.erp_stats["timeouts"] > 0
+    assert (result.erp_stats["deduplicated"], result.erp_stats["duplicates"]) == (0, 0)
+    assert result.reconciled["found"] >= result.erp_stats["ambiguous"] > 0
+    assert result.reconciled.get("not_found", 0) > 0  # the 503s: sent again, same key
+    assert "pending" not in result.ledger_states
+    assert "in_doubt" not in result.ledger_states
     assert result.outbox_counts["PUBLISH_FAILED_RETRY"] == 0
     assert [name for name, ok, _ in result.checks if not ok] == []

@@ -113,4 +113,4 @@ def test_demo_purchase_orders_takes_a_pubsub_transport() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "queue pubsub" in result.stdout
     assert "no double order; every request accounted for" in result.stdout
-    assert result.stdout.count("│ ok │") == 7
+    assert result.stdout.count("│ ok │") == 9

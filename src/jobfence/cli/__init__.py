@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from ..errors import JobfenceError
-from . import deadletters, demo, jobctl, jobs, operations, outbox, stats  # noqa: F401  (they add their commands)
+from . import calls, deadletters, demo, jobctl, jobs, operations, outbox, stats  # noqa: F401  (they add their commands)
 from .common import NotConfirmed, err_console, main_group
 
 __all__ = ["main", "main_group"]

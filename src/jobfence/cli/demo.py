@@ -112,6 +112,13 @@ def demo(
     show_default=True,
     help="Share of requests the ERP rejects functionally (400) until the operator's fix.",
 )
+@click.option(
+    "--erp-deduplication/--no-erp-deduplication",
+    default=False,
+    show_default=True,
+    help="Whether the ERP stand-in de-duplicates creates by requestId; off, only the call "
+    "ledger (job.call with a reconcile) stands between a timeout and a second order.",
+)
 @click.option("--keep", is_flag=True, help="Keep the temporary database and print its URL.")
 @click.option(
     "--log-level",
@@ -128,6 +135,7 @@ def demo_purchase_orders(
     repeat_references: float,
     transient: float,
     functional: float,
+    erp_deduplication: bool,
     keep: bool,
     log_level: str,
     transport: str | None,
@@ -135,8 +143,9 @@ def demo_purchase_orders(
     """Run the purchase-order service end to end on loopback and prove no double order.
 
     Starts PostgreSQL database, ERP stand-in (its own process), API, worker and relay; sends
-    POSTs with repeated keys and documents while the ERP fails; retries the failed requests as
-    an operator; prints a summary with its checks.
+    POSTs with repeated keys and documents while the ERP fails (and, by default, does not
+    de-duplicate); retries the failed requests as an operator; prints a summary with its
+    checks, and how many ERP calls were in doubt and how each was resolved.
     """
     require_extra("ops", "jobfence demo purchase-orders", "fastapi", "uvicorn")
     from jobfence_examples.purchase_orders.demo import Scenario, run_demo
@@ -151,6 +160,7 @@ def demo_purchase_orders(
         transient_share=transient,
         functional_share=functional,
         transport=transport,
+        erp_deduplication=erp_deduplication,
     )
     ok = run(run_demo(database_url, scenario, keep=keep, console=console))
     if not ok:

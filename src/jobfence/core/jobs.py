@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from ..errors import EnqueueError
+from ..errors import ConfigurationError, EnqueueError
 from .codec import encode
 
 T = TypeVar("T")
@@ -107,6 +107,24 @@ class Delivery:
     trace_context: str | None = None
 
 
+class CallLedger(Protocol):
+    """What records a job's calls to systems outside the database (:meth:`Job.call`; the
+    implementation is :class:`jobfence.calls.ledger.JobCalls`, bound by the harness)."""
+
+    async def call(
+        self,
+        job: Job[Any],
+        step: str,
+        send: Callable[[str], Awaitable[Any]],
+        *,
+        reconcile: Callable[[str], Awaitable[Any]] | None,
+        repeatable: bool,
+        key: str | None,
+        retry: Any,
+        refresh: Callable[[], Awaitable[None]] | None,
+    ) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Job(Generic[T]):
     """What a handler receives: the validated payload and the job's identity."""
@@ -119,10 +137,51 @@ class Job(Generic[T]):
     correlation_id: str | None
     enqueued_at: datetime | None
     history: tuple[AttemptRecord, ...] = ()
+    #: the call ledger of the worker that runs the job (None for a job made by hand)
+    ledger: CallLedger | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_retry(self) -> bool:
         return self.attempt > 1
+
+    async def call(
+        self,
+        step: str,
+        send: Callable[[str], Awaitable[Any]],
+        *,
+        reconcile: Callable[[str], Awaitable[Any]] | None = None,
+        repeatable: bool = False,
+        key: str | None = None,
+        retry: Any = None,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> Any:
+        """Call a system outside the database as a recorded step of this job (SPEC E1–E3).
+
+        ``send(key)`` makes the request, passing ``key`` downstream as its idempotency key,
+        and returns a small JSON value (its ``"reference"``, if it is an object that has
+        one, is the downstream's reference). The intent is committed before ``send`` runs
+        and the outcome after; a later delivery of the job that finds the outcome gets it
+        back without calling. ``reconcile(key)`` looks the request up downstream (None: not
+        there) when its outcome is unknown; ``repeatable=True`` says the downstream honours
+        the key, so calling again is safe. ``key`` overrides the derived key; ``retry`` (a
+        :class:`jobfence.calls.CallRetry`) the in-process attempts; ``refresh`` renews
+        credentials after a 401. See docs/calls.md and :mod:`jobfence.calls.ledger`.
+        """
+        if self.ledger is None:
+            raise ConfigurationError(
+                "job.call needs a job run by a jobfence worker (this Job was made by hand: "
+                "give it the app's ledger, or call the system directly)"
+            )
+        return await self.ledger.call(
+            self,
+            step,
+            send,
+            reconcile=reconcile,
+            repeatable=repeatable,
+            key=key,
+            retry=retry,
+            refresh=refresh,
+        )
 
 
 #: Top-level field of a JSON-object payload that names the partner (tenant) a job belongs to.

@@ -29,7 +29,7 @@ from .auth import Principal
 from .body_limit import DEFAULT_MAX_BODY, BodyLimit
 from .deps import VIEWER, OpsState
 from .problems import install_handlers
-from .routes import audit, dead_letters, jobs, outbox, replays, stats
+from .routes import audit, calls, dead_letters, jobs, outbox, replays, stats
 
 __all__ = ["DEFAULT_MAX_BODY", "create_app"]
 
@@ -87,7 +87,8 @@ def create_app(
         description=(
             "Dead letters for operators: find, understand, replay or discard them (one by "
             "one or in bulk), follow bulk replays, read the audit log; jobs waiting, running "
-            "or retrying (cancel, retry now) and queues (pause, resume). Authenticate with "
+            "or retrying (cancel, retry now) and queues (pause, resume); recorded calls of jobs to "
+            "other systems (settle one in doubt). Authenticate with "
             "`Authorization: Bearer <token>` (`jobfence ops token create`). Errors are "
             "problem+json."
         ),
@@ -113,6 +114,7 @@ def create_app(
     api.include_router(replays.router)
     api.include_router(audit.router)
     api.include_router(jobs.router)  # job control, queues, bulk discard
+    api.include_router(calls.router)  # recorded calls: the in-doubt ones, settle
     api.include_router(outbox.router(), prefix="/v1")  # outbox listing and re-drive
     if console:
         from .ui import install

@@ -60,11 +60,15 @@ async def stats(
     return Stats(letters, [{**r, "jobs": int(r["jobs"])} for r in depth], backlog)
 
 
-async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None:
+async def refresh_gauges(
+    db: Database, queue_db: Database | None = None, calls_db: Database | None = None
+) -> None:
     """Set the database gauges (SPEC K1; docs/metrics.md): letters pending review, queue
     depth, the oldest due job's wait, paused queues, the outbox backlog, the fence
     table's size and undelivered alerts. Every query reads a backlog through a partial index
-    or the catalogue; all are read before any gauge changes, so a scrape never sees half. A
+    or the catalogue; all are read before any gauge changes, so a scrape never sees half. The
+    calls in doubt are read from ``calls_db``, the call ledger's database when it is open (on
+    PostgreSQL by default ``db``: the ledger is a table of its schema). A
     query that fails (a role without a grant, say) leaves its gauges as they were and the
     others still refresh; the failures are raised together at the end."""
     from .. import metrics as m
@@ -79,6 +83,9 @@ async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None
         "gauge_fences": db,
         "alerts_undelivered": db,
     }
+    ledger = calls_db or (db if db.dialect == "postgresql" else None)
+    if ledger is not None:
+        reads["calls_open_gauges"] = ledger
     rows: dict[str, list[Any]] = {}
     failed: dict[str, BaseException] = {}
     for name, where in reads.items():
@@ -118,6 +125,15 @@ async def refresh_gauges(db: Database, queue_db: Database | None = None) -> None
             m.FENCE_BYTES.set(int(fences["bytes"]))
     if "alerts_undelivered" in rows:
         m.ALERTS_UNDELIVERED.set(int(rows["alerts_undelivered"][0]["deliveries"]))
+    if "calls_open_gauges" in rows:
+        m.CALLS_OPEN.clear()
+        m.CALLS_OLDEST_OPEN.clear()
+        for state in ("pending", "in_doubt"):  # both known, at zero when there is none
+            m.CALLS_OPEN.labels(state).set(0)
+            m.CALLS_OLDEST_OPEN.labels(state).set(0)
+        for row in rows["calls_open_gauges"]:
+            m.CALLS_OPEN.labels(row["state"]).set(int(row["calls"]))
+            m.CALLS_OLDEST_OPEN.labels(row["state"]).set(max(0.0, float(row["oldest"] or 0)))
     if failed:
         raise GaugesFailed(failed)
     m.GAUGES_REFRESHED.set_to_current_time()

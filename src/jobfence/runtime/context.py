@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from .. import tracing
+from ..calls.ledger import Ledger
 from ..config import DatabaseURL
 from ..db import Database, WorkSource
 from ..observers import Observers
@@ -42,6 +43,8 @@ class Runtime:
     maintenance: Maintenance
     #: the youngest a fence may be when cleanup deletes it (see App.redelivery_exposure)
     redelivery_exposure: timedelta
+    #: the call ledger of ``job.call`` (jobfence.calls), opened by the first call
+    ledger: Ledger | None = None
     #: False only to measure what the fence costs (the benchmarks' baseline)
     fence_enabled: bool = True
 

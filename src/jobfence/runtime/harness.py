@@ -31,6 +31,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from ..calls.ledger import Ledger
 from ..core import fence
 from ..core.codec import Decoder
 from ..core.fence import FenceOutcome
@@ -137,8 +138,11 @@ class Harness:
         fence_enabled: bool = True,
         work: WorkSource | None = None,
         tracing: Tracing | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.consumers = consumers
+        #: the call ledger handlers reach through ``job.call`` (None: no calls)
+        self.ledger = ledger
         self.db = db
         #: what opens each job's transaction: ``db``, or the user's SQLAlchemy engine
         self.work: WorkSource = work or db
@@ -194,6 +198,7 @@ class Harness:
             correlation_id=delivery.correlation_id,
             enqueued_at=delivery.enqueued_at,
             history=tuple(delivery.history),
+            ledger=self.ledger.bound(consumer.name) if self.ledger is not None else None,
         )
         return consumer, job
 
@@ -317,6 +322,7 @@ class Harness:
             consumer is not None
             and not consumer.isolated
             and consumer.name not in self.learned_isolated
+            and (self.ledger is None or consumer.name not in self.ledger.callers)
         )
 
     def batch_limit(self, batch_size: int) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -52,11 +52,16 @@ class Maintenance:
                 raise ConfigurationError(f"{name} must be a positive duration")
 
 
-async def _gauges_loop(db: Database, queue_db: Database | None, interval: timedelta) -> None:
+async def _gauges_loop(
+    db: Database,
+    queue_db: Database | None,
+    interval: timedelta,
+    calls_db: Callable[[], Database | None],
+) -> None:
     """Every worker reads the gauges (docs/metrics.md: why not one reader per database)."""
     while True:
         try:
-            await refresh_gauges(db, queue_db)
+            await refresh_gauges(db, queue_db, calls_db())
         except Exception as exc:
             log.error("refreshing the database gauges failed: %s", exc)
         await asyncio.sleep(interval.total_seconds())
@@ -69,11 +74,13 @@ async def housekeeping(
     queue_db: Database | None,
     min_age: timedelta,
     fence_ttl: timedelta,
+    calls_db: Callable[[], Database | None] = lambda: None,
 ) -> None:
     """A worker's background duties, until cancelled: on PostgreSQL the fence partitions of
     the days ahead (``fence_ttl`` says which), fence cleanup (never of a fence younger than
     ``min_age``), alert delivery and the database gauges (``queue_db``: the database queue's,
-    when it is not ``db``), as ``settings`` say. Never raises."""
+    when it is not ``db``; ``calls_db``: the call ledger's database once it is open), as
+    ``settings`` say. Never raises."""
     async with asyncio.TaskGroup() as group:
         if db.dialect == "postgresql":
             group.create_task(
@@ -106,5 +113,6 @@ async def housekeeping(
                     dispatcher.run(interval=settings.alert_interval), name="jobfence-alerts"
                 )
         group.create_task(
-            _gauges_loop(db, queue_db, settings.gauges_interval), name="jobfence-gauges"
+            _gauges_loop(db, queue_db, settings.gauges_interval, calls_db),
+            name="jobfence-gauges",
         )

@@ -236,6 +236,7 @@ class Worker:
             fence_enabled=rt.fence_enabled,
             work=rt.work,
             tracing=rt.tracing,
+            ledger=rt.ledger,
         )
         background = [
             asyncio.create_task(
@@ -482,6 +483,7 @@ class Worker:
                     queue_db=self.runtime.queue_db,
                     min_age=self.runtime.redelivery_exposure,
                     fence_ttl=self.runtime.fence_ttl,
+                    calls_db=lambda: ledger.opened if (ledger := self.runtime.ledger) else None,
                 ),
                 name="jobfence-housekeeping",
             )

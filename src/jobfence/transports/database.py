@@ -24,6 +24,7 @@ from ..db.adopt import SyncConnection
 from ..errors import Category
 from ..sql import Dialect
 from . import Transport
+from .shielded import ShieldedFetch
 
 log = logging.getLogger("jobfence.transport")
 
@@ -141,11 +142,17 @@ class DatabaseQueue(Transport):
         # the queues whose last claim came back short: until a wake-up, claiming them again
         # at once would find nothing (PostgreSQL only, where enqueues notify)
         self._drained: tuple[str, ...] | None = None
+        self._reads = ShieldedFetch()
 
     def _queues_param(self, queues: Sequence[str]) -> Any:
         return self.db.array(queues)
 
     async def close(self) -> None:
+        for delivery in await self._reads.settle():
+            try:
+                await self.release(delivery, attempted=False)
+            except Exception:
+                log.exception("could not hand back a claimed job; its lease will expire")
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -214,6 +221,9 @@ class DatabaseQueue(Transport):
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         if limit <= 0:
             return []
+        kept = self._reads.take(limit)  # claimed by a fetch that was cancelled
+        if kept:
+            return kept
         postgres = self.db.dialect == "postgresql"
         if postgres and self._listener is None:
             self._listened = set(queues)
@@ -242,7 +252,10 @@ class DatabaseQueue(Transport):
         """Claim, noting whether the queues were drained. The wake-up flag is cleared
         first, so a notification that arrives during the claim is not lost."""
         self._wake.clear()
-        found = await self._claim(queues, limit)
+        # shielded: a claim cancelled mid-statement may have committed at the server (a worker
+        # cancels its fetch when it stops); its jobs are kept for the next fetch, or handed back
+        # refunded on close, instead of waiting out their lease with an attempt lost
+        found = await self._reads.run(self._claim(queues, limit))
         # fewer than one queue's share: every queue gave all it had ready
         drained = len(found) < per_queue_limit(limit, len(queues))
         self._drained = tuple(queues) if drained else None

@@ -39,7 +39,8 @@ from redis.backoff import ExponentialBackoff
 from ..core.jobs import Delivery, OutgoingJob
 from ..errors import Category, ConfigurationError
 from . import Transport
-from ._broker import Meta, Options, ShieldedFetch, retry_record
+from ._broker import Meta, Options, retry_record
+from .shielded import ShieldedFetch
 
 log = logging.getLogger("jobfence.transport.redis")
 

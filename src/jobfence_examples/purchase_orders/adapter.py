@@ -1,33 +1,41 @@
-"""The ERP adapter: one purchase order to the ERP, with in-process retry (SPEC R5).
+"""The ERP adapter: one purchase order to the ERP as a recorded step of its job (SPEC E1–E3),
+every ERP answer mapped onto the taxonomy (SPEC R4, seed 004 §10.4).
 
-Every outcome becomes either an :class:`ErpOrder` or a jobfence
-:class:`~jobfence.HandlerError` of the right taxonomy category (SPEC R4), so the
-harness knows whether to retry at the broker level or to dead-letter:
+The service's consumer sends an order with ``job.call`` (:mod:`jobfence.calls`)::
 
-=========================================  ==========================  ======================
-ERP answer                                 category                    in-process retry
-=========================================  ==========================  ======================
-201 created / 200 already there            (success)                   —
-timeout, connection error, 429, 5xx        TEMPORARY_ERROR             yes (R5), then broker
-401                                        refresh the token, call again once; then
-                                           AUTHENTICATION_ERROR        (one broker retry)
-403                                        AUTHORIZATION_ERROR         no
-400 / 422 (functional: the ERP said no)    INTEGRATION_ERROR           no
-409 (business rule)                        BUSINESS_ERROR              no
-anything else                              TECHNICAL_ERROR             no (limited broker)
-=========================================  ==========================  ======================
+    await job.call("erp.create", send, reconcile=find, key=request_id, retry=…, refresh=…)
 
-R5 (seed 004 §10.3, Resilience4j): 3 attempts, 2 s initial interval, ×2, at most 30 s. The
-timings are injectable (:class:`CallRetry`) so tests run in milliseconds.
+so the intent is committed before the request leaves and the answer after it; a redelivery
+gets the recorded order without calling. The key is the request's id (seed 004 E7: an
+operator's reprocessing, with a new event id, keeps the ERP key of the original request), sent
+as ``requestId``. When nobody can know whether the ERP created the order (a timeout after
+the request left, a reset, a 5xx), ``find`` (:meth:`ErpClient.find_order`) looks it up by
+that key: found, the order is recorded and the job goes on; not found, it is sent again with
+the same key. An ERP that does not de-duplicate therefore still gets one order per request.
+
+=========================================  =========================================  ==========
+ERP answer to the create                   the step (:mod:`jobfence.calls.outcomes`)  category
+=========================================  =========================================  ==========
+201 created / 200 already there            recorded: ``{"reference", "created"}``     (success)
+timeout, reset after sending, 408, 5xx     in doubt → ``find``, then again or found   TEMPORARY
+connection refused, token endpoint down    not sent → again after the R5 pause        TEMPORARY
+429                                        not sent → again after the R5 pause        TEMPORARY
+401                                        one token refresh, sent again; then        AUTHENTICATION
+403                                        rejected (no effect)                       AUTHORIZATION
+400 / 422 (functional: the ERP said no)    rejected                                   INTEGRATION
+409 (business rule)                        rejected                                   BUSINESS
+=========================================  =========================================  ==========
+
+The in-process retry of seed 004 §10.3 (R5: 3 attempts, 2 s, ×2, at most 30 s) is the
+ledger's, inside the one recorded step (``ErpSettings.retry``, a :class:`jobfence.CallRetry`;
+tests and the demo shorten it). A 401 gets one token refresh, which is not an attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -36,11 +44,11 @@ from jobfence import (
     AuthenticationError,
     AuthorizationError,
     BusinessError,
-    ConfigurationError,
-    HandlerError,
-    IntegrationError,
-    TechnicalError,
-    TemporaryError,
+    CallInDoubt,
+    CallNotSent,
+    CallRejected,
+    CallRetry,
+    CallUnauthorized,
 )
 
 # under "jobfence", so `jobfence demo purchase-orders --log-level` governs it as before
@@ -48,27 +56,33 @@ log = logging.getLogger("jobfence.purchase_orders.erp")
 
 ORDERS_PATH = "/fscmRestApi/resources/latest/purchaseOrders"
 TOKEN_PATH = "/oauth2/v1/token"
+#: the recorded step of the ERP create
+STEP = "erp.create"
+#: seed 004 §10.3: 3 attempts, 2 s, ×2, at most 30 s
+R5 = CallRetry(attempts=3, initial=2.0, multiplier=2.0, maximum=30.0)
+
+__all__ = [
+    "ORDERS_PATH",
+    "R5",
+    "STEP",
+    "TOKEN_PATH",
+    "CallRetry",
+    "ErpClient",
+    "ErpOrder",
+    "ErpSettings",
+]
 
 
-@dataclass(frozen=True)
-class CallRetry:
-    """In-process retry of one ERP call (R5), distinct from broker-level redelivery."""
+class ErpForbidden(AuthorizationError, CallRejected):
+    """403: the ERP forbids the operation; the request had no effect."""
 
-    attempts: int = 3
-    initial: timedelta = timedelta(seconds=2)
-    multiplier: float = 2.0
-    max_interval: timedelta = timedelta(seconds=30)
 
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ConfigurationError("CallRetry.attempts must be at least 1")
-        if self.initial < timedelta(0) or self.multiplier < 1:
-            raise ConfigurationError("CallRetry needs initial >= 0 and multiplier >= 1")
+class ErpBusinessRefusal(BusinessError, CallRejected):
+    """409: a business rule of the ERP said no; the request had no effect."""
 
-    def interval(self, failed_attempt: int) -> float:
-        """Seconds to wait after failed attempt ``failed_attempt`` (1-based)."""
-        seconds = self.initial.total_seconds() * self.multiplier ** (failed_attempt - 1)
-        return min(seconds, self.max_interval.total_seconds())
+
+class ErpCredentialsRefused(AuthenticationError, CallRejected):
+    """The token endpoint refused our client credentials: no order request left."""
 
 
 @dataclass(frozen=True)
@@ -77,33 +91,45 @@ class ErpSettings:
     client_id: str = "jobfence-po"
     client_secret: str = "stand-in-secret"
     timeout: float = 10.0  # seconds per HTTP call
-    retry: CallRetry = CallRetry()
+    retry: CallRetry = R5  # in-process attempts of one step
 
 
 @dataclass(frozen=True)
 class ErpOrder:
+    """The ERP's order for a request, as the recorded step says: ``how`` it is known —
+    ``sent`` (this request's answer; ``created`` False when the ERP had it already),
+    ``found`` (looked up by the key after a doubt) or ``settled`` (an operator's
+    settlement)."""
+
     order_id: str
-    created: bool  # False: the ERP already had an order for this request (its de-duplication)
+    created: bool
+    how: str = "sent"
+
+    @classmethod
+    def of(cls, recorded: Any) -> ErpOrder:
+        """The order of the step's recorded value (what ``send``, ``find`` or a settlement
+        gave)."""
+        if not isinstance(recorded, dict) or not recorded.get("reference"):
+            raise ValueError(f"the ERP step recorded no order reference: {recorded!r:.200}")
+        if recorded.get("settled") == "applied":
+            return cls(str(recorded["reference"]), False, "settled")
+        return cls(
+            str(recorded["reference"]), bool(recorded.get("created")), recorded.get("how", "sent")
+        )
 
 
 @dataclass
 class ErpCallStats:
-    calls: int = 0
-    retries: int = 0
+    calls: int = 0  # order requests sent
+    lookups: int = 0  # orders looked up by key (a doubt)
     token_refreshes: int = 0
 
 
 class ErpClient:
     """A small client for the ERP's token and purchase-order endpoints."""
 
-    def __init__(
-        self,
-        settings: ErpSettings,
-        *,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
+    def __init__(self, settings: ErpSettings) -> None:
         self.settings = settings
-        self._sleep = sleep
         self._client: httpx.AsyncClient | None = None
         self._token: str | None = None
         self._token_lock = asyncio.Lock()
@@ -129,6 +155,8 @@ class ErpClient:
         return self._client
 
     async def _get_token(self, stale: str | None) -> str:
+        """A token (a new one when ``stale`` is the current one). Its failures say that no
+        order request left: not sent, or our credentials refused."""
         async with self._token_lock:
             if self._token is not None and self._token != stale:
                 return self._token  # someone refreshed it meanwhile
@@ -139,25 +167,20 @@ class ErpClient:
                     auth=(self.settings.client_id, self.settings.client_secret),
                 )
             except httpx.TimeoutException as exc:
-                raise TemporaryError(
+                raise CallNotSent(
                     f"ERP token endpoint timed out: {exc}", code="ERP_TIMEOUT"
                 ) from None
             except httpx.TransportError as exc:
-                raise TemporaryError(
+                raise CallNotSent(
                     f"ERP token endpoint unreachable: {exc}", code="ERP_UNREACHABLE"
                 ) from None
             if response.status_code in (401, 403):
-                raise AuthenticationError(
+                raise ErpCredentialsRefused(
                     f"the ERP refused our client credentials ({response.status_code})",
                     code="ERP_BAD_CREDENTIALS",
                 )
-            if response.status_code >= 500 or response.status_code == 429:
-                raise TemporaryError(
-                    f"ERP token endpoint answered {response.status_code}",
-                    code=f"ERP_HTTP_{response.status_code}",
-                )
             if response.status_code != 200:
-                raise TechnicalError(
+                raise CallNotSent(
                     f"ERP token endpoint answered {response.status_code}",
                     code=f"ERP_TOKEN_HTTP_{response.status_code}",
                 )
@@ -166,47 +189,67 @@ class ErpClient:
             self._token = str(response.json()["access_token"])
             return self._token
 
-    async def create_purchase_order(self, request_id: str, document: dict[str, Any]) -> ErpOrder:
-        """Create the order for ``request_id`` (the ERP de-duplicates on it); R5 retries."""
-        retry = self.settings.retry
-        body = {"requestId": request_id, **document}
-        attempt = 1
-        refreshed = False
-        while True:
-            self.stats.calls += 1
-            try:
-                token = self._token or await self._get_token(None)
-                response = await self.client.post(
-                    ORDERS_PATH, json=body, headers={"Authorization": f"Bearer {token}"}
-                )
-            except TemporaryError as exc:  # the token endpoint, transiently
-                error: HandlerError = exc
-            except httpx.TimeoutException as exc:
-                error = TemporaryError(
-                    f"ERP did not answer within {self.settings.timeout:g}s ({type(exc).__name__})",
-                    code="ERP_TIMEOUT",
-                )
-            except httpx.TransportError as exc:
-                error = TemporaryError(f"ERP unreachable: {exc}", code="ERP_UNREACHABLE")
-            else:
-                if response.status_code in (200, 201):
-                    data = response.json()
-                    return ErpOrder(str(data["OrderNumber"]), response.status_code == 201)
-                if response.status_code == 401 and not refreshed:
-                    refreshed = True
-                    await self._get_token(token)
-                    continue  # one refresh, not an attempt
-                error = _map_error(response)
-            if not isinstance(error, TemporaryError) or attempt >= retry.attempts:
-                raise error
-            delay = retry.interval(attempt)
-            log.info(
-                "ERP call failed; retrying in-process",
-                extra={"request_id": request_id, "attempt": attempt, "retry_in_s": delay},
+    async def refresh_token(self) -> None:
+        """Get a new token (the step's ``refresh`` hook after a 401)."""
+        await self._get_token(self._token)
+
+    async def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token or await self._get_token(None)}"}
+
+    async def send_order(self, key: str, document: dict[str, Any]) -> dict[str, Any]:
+        """One create request for the request whose key is ``key`` (sent as ``requestId``):
+        ``{"reference": order number, "created": …}``, or the exception that says what
+        happened to the request (module docstring)."""
+        headers = await self._auth()
+        self.stats.calls += 1
+        try:
+            response = await self.client.post(
+                ORDERS_PATH, json={"requestId": key, **document}, headers=headers
             )
-            self.stats.retries += 1
-            attempt += 1
-            await self._sleep(delay)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise CallNotSent(f"ERP unreachable: {exc}", code="ERP_UNREACHABLE") from None
+        except httpx.TimeoutException as exc:
+            raise CallInDoubt(
+                f"ERP did not answer within {self.settings.timeout:g}s ({type(exc).__name__})",
+                code="ERP_TIMEOUT",
+            ) from None
+        except httpx.TransportError as exc:
+            raise CallInDoubt(
+                f"the connection to the ERP broke after sending: {exc}", code="ERP_CONNECTION"
+            ) from None
+        if response.status_code in (200, 201):
+            data = response.json()
+            return {"reference": str(data["OrderNumber"]), "created": response.status_code == 201}
+        raise _refusal(response)
+
+    async def find_order(self, key: str) -> dict[str, Any] | None:
+        """The ERP's order for ``key`` (its ``requestId``), or None: the step's ``reconcile``.
+        Raises when the ERP cannot say (the step stays in doubt and is tried again)."""
+        for refreshed in (False, True):
+            headers = await self._auth()
+            self.stats.lookups += 1
+            response = await self.client.get(
+                ORDERS_PATH, params={"q": f"requestId={key}"}, headers=headers
+            )
+            if response.status_code == 401 and not refreshed:
+                await self.refresh_token()
+                continue
+            break
+        if response.status_code != 200:
+            raise CallInDoubt(
+                f"the ERP could not look the order up ({response.status_code}): "
+                f"{_detail(response)}",
+                code=f"ERP_LOOKUP_HTTP_{response.status_code}",
+            )
+        items = response.json().get("items") or []
+        if not items:
+            return None
+        if len(items) > 1:
+            log.error(
+                "the ERP holds several orders for one request",
+                extra={"key": key, "orders": [i.get("OrderNumber") for i in items]},
+            )
+        return {"reference": str(items[0]["OrderNumber"]), "created": True, "how": "found"}
 
 
 def _detail(response: httpx.Response) -> str:
@@ -219,20 +262,22 @@ def _detail(response: httpx.Response) -> str:
     return str(data)[:300]
 
 
-def _map_error(response: httpx.Response) -> HandlerError:
+def _refusal(response: httpx.Response) -> Exception:
+    """The exception an ERP answer other than 200/201 means (module docstring)."""
     status = response.status_code
     detail = _detail(response)
     code = f"ERP_HTTP_{status}"
     if status == 401:
-        return AuthenticationError(
-            f"the ERP refused a freshly refreshed token (401): {detail}", code="ERP_UNAUTHORIZED"
+        return CallUnauthorized(
+            f"the ERP refused the token (401): {detail}", code="ERP_UNAUTHORIZED"
         )
     if status == 403:
-        return AuthorizationError(f"the ERP forbids this operation (403): {detail}", code=code)
+        return ErpForbidden(f"the ERP forbids this operation (403): {detail}", code=code)
     if status in (400, 422):
-        return IntegrationError(f"the ERP rejected the order ({status}): {detail}", code=code)
+        return CallRejected(f"the ERP rejected the order ({status}): {detail}", code=code)
     if status == 409:
-        return BusinessError(f"the ERP refused the order ({status}): {detail}", code=code)
-    if status == 429 or status >= 500:
-        return TemporaryError(f"the ERP answered {status}: {detail}", code=code)
-    return TechnicalError(f"unexpected ERP answer {status}: {detail}", code=code)
+        return ErpBusinessRefusal(f"the ERP refused the order ({status}): {detail}", code=code)
+    if status == 429:
+        return CallNotSent(f"the ERP said not now (429): {detail}", code=code)
+    # 408, 5xx and anything unexpected: the order may exist
+    return CallInDoubt(f"the ERP answered {status}: {detail}", code=code)

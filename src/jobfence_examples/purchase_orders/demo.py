@@ -45,12 +45,11 @@ DEMO_POLICY = RetryPolicy(
         "seconds; the service's default is PO_POLICY"
     ),
 )
-DEMO_CALL_RETRY = CallRetry(
-    attempts=3,
-    initial=timedelta(seconds=0.02),
-    multiplier=2.0,
-    max_interval=timedelta(seconds=0.5),
-)
+#: the in-process retry of the ERP step, compressed for the demo (R5: 2 s, ×2, ≤ 30 s). Its
+#: first pause is twice the client's timeout: a request that timed out is looked up only
+#: once it had time to land — a lookup racing a create still queued in a busy ERP would say
+#: "not there" and the step would send it again (docs/calls.md, "In doubt").
+DEMO_CALL_RETRY = CallRetry(attempts=3, initial=1.0, multiplier=2.0, maximum=2.0)
 
 
 @dataclass(frozen=True)
@@ -76,6 +75,9 @@ class Scenario:
     idempotency_lease: timedelta = DEFAULT_LEASE
     #: the queue (None: the table next to the fence; or amqp://, nats://, redis://, pubsub://)
     transport: str | None = None
+    #: whether the ERP de-duplicates creates by requestId (off: every repeated create would
+    #: be a second order, so only the call ledger stands between a doubt and a double order)
+    erp_deduplication: bool = False
 
 
 @dataclass
@@ -106,6 +108,11 @@ class Result:
     outbox_counts: dict[str, int]
     #: every dead letter of the requests' events, by review status (old events' included)
     letter_statuses: dict[str, int] = field(default_factory=dict)
+    #: how the ERP steps ended (per delivery) and their doubts were resolved (the service's
+    #: CallTally), and the ledger's rows by state at the end
+    call_outcomes: dict[str, int] = field(default_factory=dict)
+    reconciled: dict[str, int] = field(default_factory=dict)
+    ledger_states: dict[str, int] = field(default_factory=dict)
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
 
     @property
@@ -174,6 +181,7 @@ class LocalStack:
         self.own_erp = erp is None
         self.erp = erp or ErpProcess()
         self.switches = Switches(
+            deduplicate=scenario.erp_deduplication,
             latency_ms=scenario.erp_latency_ms,
             error_rate=scenario.transient_share * 0.6,
             ambiguous_rate=scenario.transient_share * 0.2,
@@ -494,6 +502,8 @@ async def run_scenario(
 
         requests = await svc.requests_by_ids(sorted(accepted))
         letters = await svc.dead_letters_for([row["current_event_id"] for row in requests.values()])
+        async with svc.db.transaction() as tx:
+            ledger = await tx.fetchall("SELECT state, count(*) FROM core.calls GROUP BY state")
         from jobfence import outbox
 
         result = Result(
@@ -511,6 +521,9 @@ async def run_scenario(
             settle_seconds=settle_seconds,
             outbox_counts=await outbox.counts(svc.db),
             letter_statuses=await svc.dead_letter_statuses(sorted(accepted)),
+            call_outcomes=dict(svc.calls.finished),
+            reconciled=dict(svc.calls.reconciled),
+            ledger_states={str(state): int(n) for state, n in ledger},
         )
     result.checks = check(result)
     return result
@@ -527,6 +540,25 @@ def check(result: Result) -> list[tuple[str, bool, str]]:
             "ERP orders created = completed requests (no double order)",
             result.erp_stats["orders_created"] == len(completed) and set(orders) == completed,
             f"{result.erp_stats['orders_created']} orders, {len(completed)} completed",
+        )
+    )
+    checks.append(
+        (
+            "ERP orders created = requests accepted (ERP de-duplication "
+            f"{'on' if result.scenario.erp_deduplication else 'off'})",
+            result.erp_stats["orders_created"] == len(requests)
+            and result.erp_stats["duplicates"] == 0,
+            f"{result.erp_stats['orders_created']} orders, {len(requests)} accepted, "
+            f"{result.erp_stats['duplicates']} second orders for a request",
+        )
+    )
+    open_calls = {s: n for s, n in result.ledger_states.items() if s in ("pending", "in_doubt")}
+    doubts = sum(result.reconciled.values())
+    checks.append(
+        (
+            "every call in doubt resolved (none left pending or in doubt)",
+            not open_calls,
+            f"{doubts} doubts looked up; left: {open_calls or 'none'}",
         )
     )
     wrong = [
@@ -662,8 +694,12 @@ def print_summary(result: Result, console: Console) -> None:
         f"{erp['unavailable']} / {erp['ambiguous']} / {erp['timeouts']}",
     )
     pipeline.add_row(
-        "  duplicate creates absorbed by the ERP (after ambiguous failures)",
-        str(erp["deduplicated"]),
+        "  ERP de-duplication by requestId",
+        "on" if result.scenario.erp_deduplication else "off",
+    )
+    pipeline.add_row(
+        "  repeated creates absorbed by the ERP / second orders made",
+        f"{erp['deduplicated']} / {erp['duplicates']}",
     )
     pipeline.add_row(
         "  rejected (functional 400 / business 409)",
@@ -671,6 +707,24 @@ def print_summary(result: Result, console: Console) -> None:
     )
     pipeline.add_row("  401 (expired token → one refresh)", str(erp["unauthorized"]))
     add_dead_letter_rows(pipeline, result)
+    found = result.reconciled
+    pipeline.add_row(
+        "ERP calls in doubt (timeout, reset, 5xx after sending)", str(sum(found.values()))
+    )
+    pipeline.add_row(
+        "  found in the ERP by the key → recorded, not sent again", str(found.get("found", 0))
+    )
+    pipeline.add_row(
+        "  not in the ERP → sent again with the same key", str(found.get("not_found", 0))
+    )
+    pipeline.add_row("  lookup failed → tried again later", str(found.get("error", 0)))
+    pipeline.add_row(
+        "  parked for an operator (no lookup)", str(result.call_outcomes.get("parked", 0))
+    )
+    pipeline.add_row(
+        "ERP steps answered from the ledger (redeliveries, no call)",
+        str(result.call_outcomes.get("recorded", 0)),
+    )
     pipeline.add_row("outbox", ", ".join(f"{k} {v}" for k, v in result.outbox_counts.items()))
     pipeline.add_row("POST rate", f"{len(result.sends) / result.post_seconds:.0f}/s")
     console.print(pipeline)

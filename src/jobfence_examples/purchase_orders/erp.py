@@ -3,7 +3,13 @@
 Run it as its own process (``python -m jobfence_examples.purchase_orders.erp --port 0``
 prints the address it listens on). It issues client-credentials tokens that expire, creates
 purchase orders de-duplicated by ``requestId`` (as the real one would be configured to, seed
-004 E6) and counts what it created. Switches (flags at start, or ``POST /_control`` while running):
+004 E6) unless that is switched off, finds orders by ``requestId`` (``GET`` on the orders path
+with ``?q=requestId=…``, the finder the adapter's reconcile uses) and counts what it created.
+Switches (flags at start, or ``POST /_control`` while running):
+
+- ``deduplicate``: create at most one order per ``requestId`` (default on). Off, every
+  create makes a new order, as an ERP without an idempotency key would: a repeated call is a
+  double order (counted as ``duplicates``)
 
 - ``latency_ms``: added to every order call
 - ``error_rate``: share of calls answered 503 *before* creating anything
@@ -52,6 +58,7 @@ from .adapter import ORDERS_PATH, TOKEN_PATH
 
 @dataclass
 class Switches:
+    deduplicate: bool = True
     latency_ms: float = 0.0
     error_rate: float = 0.0
     ambiguous_rate: float = 0.0
@@ -70,6 +77,8 @@ class Counters:
     order_calls: int = 0
     orders_created: int = 0
     deduplicated: int = 0
+    duplicates: int = 0  # orders created for a requestId that had one (deduplicate off)
+    lookups: int = 0
     unavailable: int = 0
     ambiguous: int = 0
     timeouts: int = 0
@@ -83,7 +92,8 @@ class Counters:
 class ErpState:
     switches: Switches
     counters: Counters = field(default_factory=Counters)
-    orders: dict[str, dict[str, Any]] = field(default_factory=dict)
+    orders: dict[str, dict[str, Any]] = field(default_factory=dict)  # requestId → first order
+    every_order: list[dict[str, Any]] = field(default_factory=list)  # duplicates too
     tokens: dict[str, float] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -113,18 +123,42 @@ def create_erp_app(switches: Switches | None = None) -> Starlette:
             {"access_token": value, "token_type": "Bearer", "expires_in": sw.token_ttl}
         )
 
-    async def create_order(request: Request) -> Response:
-        sw = state.switches
-        counters = state.counters
-        counters.order_calls += 1
+    def unauthorized(request: Request) -> Response | None:
         auth = request.headers.get("authorization", "")
         expiry = state.tokens.get(auth.removeprefix("Bearer "))
         if expiry is None or expiry < time.monotonic():
-            counters.unauthorized += 1
+            state.counters.unauthorized += 1
             return JSONResponse(
                 {"title": "Unauthorized", "detail": "the access token is invalid or expired"},
                 status_code=401,
             )
+        return None
+
+    async def find_orders(request: Request) -> Response:
+        """``GET …/purchaseOrders?q=requestId=<id>``: the orders made for a request (Fusion's
+        finder syntax), ``{"items": […], "count": n}``; every one with deduplication off."""
+        refused = unauthorized(request)
+        if refused is not None:
+            return refused
+        query = request.query_params.get("q", "")
+        name, _, value = query.partition("=")
+        if name != "requestId" or not value:
+            return JSONResponse(
+                {"title": "Bad Request", "detail": "give q=requestId=<the request id>"}, 400
+            )
+        state.counters.lookups += 1
+        if state.switches.latency_ms > 0:
+            await asyncio.sleep(state.switches.latency_ms / 1000)
+        items = [o for o in state.every_order if o["requestId"] == value]
+        return JSONResponse({"items": items, "count": len(items)})
+
+    async def create_order(request: Request) -> Response:
+        sw = state.switches
+        counters = state.counters
+        counters.order_calls += 1
+        refused = unauthorized(request)
+        if refused is not None:
+            return refused
         try:
             body = await request.json()
             request_id = str(body["requestId"])
@@ -132,7 +166,7 @@ def create_erp_app(switches: Switches | None = None) -> Starlette:
             return JSONResponse({"title": "Bad Request", "detail": "requestId missing"}, 400)
         if sw.latency_ms > 0:
             await asyncio.sleep(sw.latency_ms / 1000)
-        existing = state.orders.get(request_id)
+        existing = state.orders.get(request_id) if sw.deduplicate else None
         if existing is not None:
             counters.deduplicated += 1
             return JSONResponse(existing, status_code=200)
@@ -159,7 +193,7 @@ def create_erp_app(switches: Switches | None = None) -> Starlette:
                 {"title": "Service Unavailable", "detail": "try again later"}, status_code=503
             )
         async with state.lock:
-            existing = state.orders.get(request_id)
+            existing = state.orders.get(request_id) if sw.deduplicate else None
             if existing is None:
                 state.next_number += 1
                 existing = {
@@ -168,7 +202,10 @@ def create_erp_app(switches: Switches | None = None) -> Starlette:
                     "requestId": request_id,
                     "Lines": len(body.get("lines") or []),
                 }
-                state.orders[request_id] = existing
+                if request_id in state.orders:
+                    counters.duplicates += 1
+                state.orders.setdefault(request_id, existing)
+                state.every_order.append(existing)
                 counters.orders_created += 1
         draw -= sw.error_rate
         if 0 <= draw < sw.ambiguous_rate:
@@ -219,6 +256,7 @@ def create_erp_app(switches: Switches | None = None) -> Starlette:
         state.switches = Switches(**changes)
         state.counters = Counters()
         state.orders.clear()
+        state.every_order.clear()
         state.tokens.clear()
         state.rng.seed(state.switches.seed)
         return JSONResponse(asdict(state.switches))
@@ -228,12 +266,23 @@ def create_erp_app(switches: Switches | None = None) -> Starlette:
             Route("/_reset", reset, methods=["POST"]),
             Route(TOKEN_PATH, token, methods=["POST"]),
             Route(ORDERS_PATH, create_order, methods=["POST"]),
+            Route(ORDERS_PATH, find_orders, methods=["GET"]),
             Route("/_stats", stats, methods=["GET"]),
             Route("/_orders", orders, methods=["GET"]),
             Route("/_control", control, methods=["GET", "POST"]),
             Route("/_expire_tokens", expire_tokens, methods=["POST"]),
         ]
     )
+
+
+def _flag(text: str) -> bool:
+    """A switch given on the command line: true/false (also on/off, 1/0, yes/no)."""
+    value = text.strip().lower()
+    if value in ("true", "on", "1", "yes"):
+        return True
+    if value in ("false", "off", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a switch value: give true or false")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -245,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
     for item in fields(Switches):
         default = item.default
-        parser.add_argument(f"--{item.name.replace('_', '-')}", type=type(default), default=default)
+        kind = _flag if isinstance(default, bool) else type(default)
+        parser.add_argument(f"--{item.name.replace('_', '-')}", type=kind, default=default)
     args = parser.parse_args(argv)
     switches = Switches(**{f.name: getattr(args, f.name) for f in fields(Switches)})
     sock = tcp_listen_socket(args.host, args.port)

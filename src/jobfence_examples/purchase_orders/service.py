@@ -22,6 +22,7 @@ import re
 import secrets
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from jobfence import (
     Relay,
     RetryPolicy,
     ReviewConflict,
+    TemporaryError,
     Transport,
     Tx,
     discard_dead_letter,
@@ -54,7 +56,7 @@ from jobfence import (
 )
 from jobfence.http import DEFAULT_WINDOW
 
-from .adapter import ErpClient, ErpSettings
+from .adapter import STEP, ErpClient, ErpOrder, ErpSettings
 from .models import (
     QUEUE,
     RETRYABLE,
@@ -239,6 +241,26 @@ class _RequestStates(Observer):
             self.service.spawn(self.service.settle_failures(event_id=delivery.job_id))
 
 
+class CallTally(Observer):
+    """How the ERP steps ended and how their doubts were resolved (what the demo reports):
+    ``finished`` by the step's outcome for a delivery (``succeeded``, ``recorded``,
+    ``reconciled``, ``in_doubt``, …), ``reconciled`` by the lookup's result (``found``: the
+    ERP had the order; ``not_found``: sent again with the same key; ``error``: the lookup
+    failed, tried again later)."""
+
+    def __init__(self) -> None:
+        self.finished: Counter[str] = Counter()
+        self.reconciled: Counter[str] = Counter()
+
+    def call_finished(self, job: Job[Any], consumer: str, step: str, outcome: str) -> None:
+        if step == STEP:
+            self.finished[outcome] += 1
+
+    def call_reconciled(self, job: Job[Any], consumer: str, step: str, result: str) -> None:
+        if step == STEP:
+            self.reconciled[result] += 1
+
+
 class PurchaseOrderService:
     """Requests in, purchase orders out. PostgreSQL only (``migrate()`` first)."""
 
@@ -252,8 +274,15 @@ class PurchaseOrderService:
         lease: timedelta = timedelta(seconds=30),
     ) -> None:
         self.database_url = database_url
+        #: how the ERP steps ended and their doubts were resolved, in this process
+        self.calls = CallTally()
         self.app = _postgresql_only(
-            App(database_url, transport=transport, lease=lease, observers=[_RequestStates(self)])
+            App(
+                database_url,
+                transport=transport,
+                lease=lease,
+                observers=[_RequestStates(self), self.calls],
+            )
         )
         self.app.consumer(QUEUE, schema=OrderEvent, retry=retry)(self.handle)
         self.erp = ErpClient(erp)
@@ -662,8 +691,12 @@ class PurchaseOrderService:
                 "mark_sent",
                 {"request_id": request_id, "event_id": job.job_id, "attempt": job.attempt},
             )
-        order = await self.erp.create_purchase_order(request_id, dict(row["document"]))
-        detail = {"erp_order_id": order.order_id, "created_by_this_call": order.created}
+        order = await self.send_to_erp(job, request_id, dict(row["document"]), row)
+        detail = {
+            "erp_order_id": order.order_id,
+            "created_by_this_call": order.created,
+            "known_by": order.how,
+        }
         await q(
             tx,
             "mark_completed",
@@ -675,6 +708,41 @@ class PurchaseOrderService:
                 "detail": _json(detail),
             },
         )
+
+    async def send_to_erp(
+        self,
+        job: Job[OrderEvent],
+        request_id: str,
+        document: dict[str, Any],
+        row: Mapping[str, Any],
+    ) -> ErpOrder:
+        """The ERP's order for the request, as a recorded step of the job (``erp.create``,
+        keyed by the request id: seed 004 E7). An operator's reprocessing (a new event, so a
+        new step) looks the request up first: its first event may have created the order."""
+        erp = self.erp
+        if row["operator_retries"]:
+            try:
+                found = await erp.find_order(request_id)
+            except Exception as exc:
+                raise TemporaryError(
+                    f"could not look the order up in the ERP before sending it again: {exc}",
+                    code="ERP_LOOKUP_FAILED",
+                ) from None
+            if found is not None:
+                return ErpOrder.of(found)
+
+        async def send(key: str) -> dict[str, Any]:
+            return await erp.send_order(key, document)
+
+        recorded = await job.call(
+            STEP,
+            send,
+            reconcile=erp.find_order,
+            key=request_id,
+            retry=erp.settings.retry,
+            refresh=erp.refresh_token,
+        )
+        return ErpOrder.of(recorded)
 
     async def mark_retry_pending(
         self, event_id: str, attempt: int, category: Category, error: str

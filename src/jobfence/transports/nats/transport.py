@@ -35,9 +35,9 @@ from .._broker import (
     DELAY,
     Meta,
     Options,
-    ShieldedFetch,
     retry_record,
 )
+from ..shielded import ShieldedFetch
 from .connection import (
     API_TIMEOUT,
     INITIAL_CONNECT_ATTEMPTS,

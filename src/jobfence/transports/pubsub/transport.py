@@ -26,7 +26,8 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncI
 from ...core.jobs import Delivery, OutgoingJob
 from ...errors import Category, ConfigurationError
 from .. import Transport
-from .._broker import Meta, Options, ShieldedFetch, retry_record
+from .._broker import Meta, Options, retry_record
+from ..shielded import ShieldedFetch
 from .attributes import ATTRIBUTES_RESERVE, MAX_MESSAGE_BYTES, attributes, read_meta
 from .delayed import DelayedHolds
 from .dlq import DeadLetterQueue
