@@ -50,13 +50,23 @@ HERE = Path(__file__).resolve().parent
 FENCES_SQL = """
 INSERT INTO core.processed_jobs (consumer, job_id, processed_at, expires_at)
 SELECT (ARRAY['orders', 'invoices', 'emails', 'webhooks'])[1 + g %% 4], md5(%(tag)s || g),
-       CASE WHEN g <= %(expired)s
-            THEN now() - interval '30 days' + g * interval '1 millisecond'
-            ELSE now() - interval '1 hour' END,
-       CASE WHEN g <= %(expired)s
-            THEN now() - interval '23 days' + g * interval '1 millisecond'
-            ELSE now() + interval '6 days' END
-FROM generate_series(1, %(n)s) AS g
+       e - interval '7 days', e
+FROM (
+    SELECT g, CASE WHEN g <= %(expired)s
+                   THEN now() - interval '30 days' + interval '7 days' * g / %(expired)s
+                   ELSE now() + interval '7 days' * (g - %(expired)s) / (%(n)s - %(expired)s + 1)
+              END AS e
+    FROM generate_series(1, %(n)s) AS g
+) AS s
+"""
+#: the day partitions the seed's rows expire on (a day around each end): every row lands in
+#: its day, as the maintenance loop's days would hold them (an empty table gets the days of
+#: the live week too: a fresh deployment's layout)
+FENCE_DAYS_SQL = """
+SELECT core.fence_partitions_add((now() - interval '31 days')::date,
+                                 (now() - interval '22 days')::date)
+     + core.fence_partitions_add((now() - interval '1 day')::date,
+                                 (now() + interval '8 days')::date)
 """
 
 
@@ -64,21 +74,20 @@ FROM generate_series(1, %(n)s) AS g
 #: ~10× faster than 10 000 000 inserts at random places of a key larger than shared_buffers)
 REBUILD_FROM = 1_000_000
 FENCE_INDEXES = [
-    ("ALTER TABLE core.processed_jobs DROP CONSTRAINT processed_jobs_pkey",
-     "ALTER TABLE core.processed_jobs ADD CONSTRAINT processed_jobs_pkey "
-     "PRIMARY KEY (consumer, job_id)"),
-    ("DROP INDEX core.processed_jobs_expires_idx",
-     "CREATE INDEX processed_jobs_expires_idx ON core.processed_jobs (expires_at)"),
+    ("DROP INDEX core.processed_jobs_key_idx",
+     "CREATE INDEX processed_jobs_key_idx ON core.processed_jobs (job_id, consumer)"),
 ]  # fmt: skip
 
 
 def seed_fences(conn: psycopg.Connection[Any], n: int, *, expired: int = 0, tag: str = "") -> None:
-    """``n`` fence rows over 4 consumers, job_ids spread like UUIDs (md5), in one INSERT: the
-    first ``expired`` expired 23 days ago (processed 30 days ago), the rest live (processed an
-    hour ago, expiring in 6 days). ``tag`` makes the job_ids of another call differ. From
-    :data:`REBUILD_FROM` rows the table's two indexes (the same definitions as the schema's)
-    are built after the rows are in."""
+    """``n`` fence rows over 4 consumers, job_ids spread like UUIDs (md5), in one INSERT into
+    their day partitions (created first): the first ``expired`` expired evenly over the week
+    from 30 to 23 days ago, the rest live, expiring evenly over the next 7 days (each
+    processed 7 days before it expires: a week of a steady rate). ``tag`` makes the job_ids of
+    another call differ. From :data:`REBUILD_FROM` rows the key index (the same definition as
+    the schema's) is built after the rows are in."""
     rebuild = n >= REBUILD_FROM
+    conn.execute(FENCE_DAYS_SQL)  # type: ignore[arg-type]
     if rebuild:
         conn.execute("SET maintenance_work_mem = '512MB'")
         for drop, _ in FENCE_INDEXES:
@@ -212,7 +221,7 @@ def fences_workload(args: argparse.Namespace, results: Any, step: Callable[[str]
         "fences", "--big", str(big), "--rounds", str(args.repeat),
         "--drain", str(max(2000, int(20_000 * args.scale))),
     )  # fmt: skip
-    empty, full = "empty table", f"{big:,} rows"
+    empty, full = "empty table", f"{big:,} live + {big:,} expired"
     for key, title in (("p50", "fence insert p50"), ("p99", "fence insert p99")):
         for label in (empty, full):
             results.row(
@@ -231,19 +240,23 @@ def fences_workload(args: argparse.Namespace, results: Any, step: Callable[[str]
         )
         row.values.extend(out["drain"][label])
         row.note = f"{out['drain_jobs']:,} jobs"
-    small_label = f"{out['cleanup']['small']['rows']:,} of {out['small_rows']:,} expired"
     for size in ("small", "big"):
         c = out["cleanup"][size]
-        label = small_label if size == "small" else f"{c['rows']:,} of {big:,} expired"
+        total = out["small_rows"] if size == "small" else 2 * big
         row = results.row(
-            "fence cleanup", label, "rows/s", baseline=None if size == "small" else small_label
+            "fence cleanup",
+            f"{c['rows']:,} of {total:,} expired",
+            "ms",
+            higher_is_better=False,
         )
-        row.values.append(c["rows_per_s"])
-        row.note = f"{c['seconds']:.1f} s, {c['batches']} batches, longest {c['longest_ms']:.0f} ms"
+        row.values.append(c["seconds"] * 1000)
+        row.note = (
+            f"{c['days']} days dropped, {c['batches']} batches of the default partition, "
+            f"longest transaction {c['longest_ms']:.0f} ms"
+        )
     step(
-        f"fences: {big:,} rows seeded in {out['seed_s']:.0f}s; cleanup "
-        f"{out['cleanup']['big']['rows_per_s']:,.0f} vs "
-        f"{out['cleanup']['small']['rows_per_s']:,.0f} rows/s; "
+        f"fences: {2 * big:,} rows seeded in {out['seed_s']:.0f}s; cleanup of "
+        f"{out['cleanup']['big']['rows']:,} in {out['cleanup']['big']['seconds']:.2f} s; "
         f"{time.perf_counter() - started:.0f}s in all"
     )
 
@@ -282,10 +295,9 @@ def growth_targets(results: Any, verdict: Callable[[bool], str]) -> list[tuple[s
         else:
             out.append((f"letters: {name}, {stat} at {n} ÷ 1 000 letters", f"{got[0]:.2f}×", unit))
     for workload, big_label, limit, higher in (
-        ("fence insert p50", "rows", 1.2, False),
-        ("fence insert p99", "rows", 1.5, False),
-        ("fence table: durable drain", "rows", 0.8, True),
-        ("fence cleanup", "", 0.8, True),
+        ("fence insert p50", "live", 1.2, False),
+        ("fence insert p99", "live", 1.5, False),
+        ("fence table: durable drain", "live", 0.8, True),
     ):
         rows = [r for (w, _), r in results.rows.items() if w == workload and r.baseline]
         if rows and big_label in rows[0].label:
@@ -296,6 +308,11 @@ def growth_targets(results: Any, verdict: Callable[[bool], str]) -> list[tuple[s
                 ok = x >= limit if higher else x <= limit
                 target = f"{workload}: {rows[0].label} {sign} {limit:g}× the small case"
                 out.append((target, f"{x:.2f}×", verdict(ok)))
+    cleanups = [r for (w, _), r in results.rows.items() if w == "fence cleanup" and r.values]
+    if cleanups:  # the issue's target is for the big table's (10M); the small one is shown only
+        r = max(cleanups, key=lambda c: int(c.label.split(" of ")[0].replace(",", "")))
+        target = f"fence cleanup: {r.label} < 1 s of database time"
+        out.append((target, f"{r.median / 1000:.2f} s", verdict(r.median < 1000)))
     return out
 
 
@@ -547,7 +564,7 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
         def job_processed(self, job: Job[Any], duration: float) -> None:
             self.n += 1
 
-    labels = {"small": "empty table", "big": f"{a.big:,} rows"}
+    labels = {"small": "empty table", "big": f"{a.big:,} live + {a.big:,} expired"}
     apps: dict[str, tuple[App, Count]] = {}
     for size, url in (("small", a.small_url), ("big", a.big_url)):
         counter = Count()
@@ -561,9 +578,11 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
         await app.open()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CREATE TABLE effects (job_id text NOT NULL)")
+            conn.execute(FENCE_DAYS_SQL)  # type: ignore[arg-type]
         apps[size] = (app, counter)
-    expired = a.big * 9 // 10
-    seed_s = seeded(a.big_url, lambda conn: seed_fences(conn, a.big, expired=expired))
+    # a.big live fences (a week of them) and as many expired ones (the week before last)
+    expired = a.big
+    seed_s = seeded(a.big_url, lambda conn: seed_fences(conn, a.big + expired, expired=expired))
     insert: dict[str, dict[str, list[float]]] = {v: {"p50": [], "p99": []} for v in labels.values()}
     drain: dict[str, list[float]] = {v: [] for v in labels.values()}
     for r in range(a.rounds):  # interleaved, the order alternating from round to round
@@ -587,25 +606,29 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
             drain[labels[size]].append(a.drain / (time.perf_counter() - started))
             worker.request_stop()
             await running
-    # cleanup: the expired 90 % of a small table, then of the big one
-    small_rows = min(100_000, a.big // 5)
+    # cleanup: the expired half of a small table, then of the big one (whole days dropped)
+    small_rows = min(200_000, a.big // 5)
     seeded(
-        a.small_url,
-        lambda conn: seed_fences(conn, small_rows, expired=small_rows * 9 // 10, tag="s"),
+        a.small_url, lambda conn: seed_fences(conn, small_rows, expired=small_rows // 2, tag="s")
     )
     cleanup: dict[str, dict[str, Any]] = {}
     for size, (app, _) in apps.items():
         res = await cleanup_fences(app.db, min_age=timedelta(minutes=18, seconds=30))
+        with psycopg.connect(a.small_url if size == "small" else a.big_url) as conn:
+            left = conn.execute(
+                "SELECT count(*) FROM core.processed_jobs "
+                "WHERE expires_at < now() - interval '22 days'"
+            ).fetchone()
         cleanup[size] = {
             "rows": res.deleted,
+            "days": res.days,
             "batches": res.batches,
             "seconds": res.seconds,
             "rows_per_s": res.deleted / res.seconds if res.seconds else 0.0,
             "longest_ms": res.longest_batch * 1000,
         }
-        want = small_rows * 9 // 10 if size == "small" else expired
-        if res.deleted != want:
-            raise SystemExit(f"cleanup of the {size} table deleted {res.deleted}, expected {want}")
+        if left and left[0]:
+            raise SystemExit(f"cleanup of the {size} table left {left[0]} expired fences")
     for app, _ in apps.values():
         await app.close()
     return {"seed_s": seed_s, "insert": insert, "drain": drain, "drain_jobs": a.drain,

@@ -1,5 +1,9 @@
-"""HTTP ingestion: wrk against the purchase-order API, the bare idempotency middleware and a
-bare ASGI app (the floor), each under uvicorn in its own process (bench/systems/http_server.py).
+"""HTTP ingestion: wrk against the purchase-order API, the same keyed POST written by hand
+(bench/systems/http_handwritten.py, issue 27), the bare idempotency middleware and a bare ASGI
+app (the floor), each under uvicorn in its own process (bench/systems/http_server.py).
+
+The keyed POST is held against the hand-written one at 16 and 64 connections; the replay of a
+stored response (same key, same body) against a fresh POST; two server processes against one.
 
 Every figure comes with its floor from the same run: the bare ASGI app's ``GET /healthz`` is
 what uvicorn costs on this machine. A server whose one-connection keep-alive answer takes
@@ -26,15 +30,25 @@ NAGLE_MS = 20.0
 BARE = "bare ASGI app under uvicorn: GET /healthz (floor)"
 PO_HEALTHZ = "purchase-order API: GET /healthz (no database)"
 PO_POST = "purchase-order API: POST /requests with Idempotency-Key"
+PO_POST_64 = f"{PO_POST}, 64 connections"
+PO_REPLAY = "purchase-order API: replay of a stored response (same key, same body)"
+PO_POST_2P = f"{PO_POST}, 2 server processes"
+HAND_POST = "hand-written (FastAPI + pydantic + psycopg pool): POST /requests, same work"
+HAND_POST_64 = f"{HAND_POST}, 64 connections"
 MW_POST = "IdempotencyMiddleware + trivial app: POST with Idempotency-Key"
 BARE_POST = "bare ASGI app: POST (no middleware)"
-#: each figure's baseline in the table: its floor measured in the same run
+#: each figure's baseline in the table: its floor, or what it is held against, in the same run
 HTTP_BASELINES = {
     BARE_POST: BARE,
     PO_HEALTHZ: BARE,
-    PO_POST: PO_HEALTHZ,
+    PO_POST: HAND_POST,
+    PO_POST_64: HAND_POST_64,
+    PO_REPLAY: PO_POST,
+    PO_POST_2P: PO_POST,
     MW_POST: BARE_POST,
 }
+#: stored keys the replay run cycles through (stored first by one connection)
+REPLAY_KEYS = 50
 
 
 def _ms(text: str) -> float:
@@ -76,14 +90,44 @@ def wrk(
     }
 
 
+def _cpu(server: Worker) -> float:
+    """CPU seconds of the server process and the ones it forked (BENCH_HTTP_PROCESSES)."""
+    total = 0.0
+    for ps in [server.ps, *server.ps.children(recursive=True)]:
+        times = ps.cpu_times()
+        total += times.user + times.system
+    return total
+
+
 def _measured(server: Worker, url: str, seconds: float, **kw: Any) -> dict[str, Any]:
-    """wrk against ``url``, with the server process's CPU per request over the run."""
-    before = server.ps.cpu_times()
+    """wrk against ``url``, with the server processes' CPU per request over the run."""
+    before = _cpu(server)
     result = wrk(url, seconds, **kw)
-    after = server.ps.cpu_times()
-    cpu = (after.user - before.user) + (after.system - before.system)
+    cpu = _cpu(server) - before
     result["cpu_ms_per_request"] = cpu / max(1, result["requests"]) * 1000
     return result
+
+
+def _rows(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM purchase_orders.requests").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _replay_keys(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM core.idempotency_keys WHERE key LIKE 'replay-%%' "
+            "AND state = 'completed'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _check_rows(name: str, url: str, accepted: int, slack: int) -> None:
+    """Every accepted POST left its request row (a few more: answers wrk did not count)."""
+    rows = _rows(url)
+    if not accepted <= rows <= accepted + slack:
+        raise BenchError(f"HTTP {name}: {accepted} accepted but {rows} request rows")
 
 
 def _keepalive_check(name: str, url: str) -> float:
@@ -98,9 +142,10 @@ def _keepalive_check(name: str, url: str) -> float:
     return float(r["p50"])
 
 
-def _start(mode: str, *args: str) -> tuple[Worker, dict[str, Any]]:
+def _start(mode: str, *args: str, processes: int = 1) -> tuple[Worker, dict[str, Any]]:
     script = str(BENCH / "systems" / "http_server.py")
-    server = Worker([python_for("jobfence"), script, mode, *args])
+    env = {"BENCH_HTTP_PROCESSES": str(processes)}
+    server = Worker([python_for("jobfence"), script, mode, *args], env=env)
     try:
         return server, server.wait_ready()
     except BaseException:
@@ -132,18 +177,48 @@ def http_ingestion(seconds: float) -> dict[str, dict[str, Any]]:
             one = _keepalive_check("purchase-order API", f"{base}/healthz")
             out[PO_HEALTHZ] = _measured(server, f"{base}/healthz", seconds)
             out[PO_HEALTHZ]["keepalive_p50"] = one
-            out[PO_POST] = _measured(
-                server, f"{base}/requests", seconds, script=script,
-                env={"BENCH_PO_TOKEN": ready["token"], "BENCH_PATH": "/requests"},
-            )  # fmt: skip
+            env = {"BENCH_PO_TOKEN": ready["token"], "BENCH_PATH": "/requests"}
+            out[PO_POST] = _measured(server, f"{base}/requests", seconds, script=script, env=env)
+            out[PO_POST_64] = _measured(
+                server, f"{base}/requests", seconds, script=script, env=env, connections=64
+            )
+            accepted = out[PO_POST]["requests"] + out[PO_POST_64]["requests"]
+            _check_rows("POST", url, accepted, CONNECTIONS + 64)
+            replay = {**env, "BENCH_REPLAY_KEYS": str(REPLAY_KEYS)}
+            for _ in range(30):  # one connection stores each key once
+                wrk(f"{base}/requests", 1, script=script, env=replay, connections=1)
+                if _replay_keys(url) == REPLAY_KEYS:
+                    break
+            stored = _rows(url)
+            out[PO_REPLAY] = _measured(
+                server, f"{base}/requests", seconds, script=script, env=replay
+            )
+            if _rows(url) != stored:
+                raise BenchError("HTTP replay: a replayed POST wrote a request row")
         finally:
             server.stop()
-        with psycopg.connect(url, autocommit=True) as conn:
-            row = conn.execute("SELECT count(*) FROM purchase_orders.requests").fetchone()
-        rows = int(row[0]) if row else 0
-        accepted = out[PO_POST]["requests"]
-        if not accepted <= rows <= accepted + CONNECTIONS:
-            raise BenchError(f"HTTP POST: {accepted} accepted but {rows} request rows")
+    with fresh_database() as url:
+        server, ready = _start("po", url, processes=2)
+        try:
+            base = f"http://127.0.0.1:{ready['port']}"
+            env = {"BENCH_PO_TOKEN": ready["token"], "BENCH_PATH": "/requests"}
+            out[PO_POST_2P] = _measured(server, f"{base}/requests", seconds, script=script, env=env)
+        finally:
+            server.stop()
+        _check_rows("POST, 2 processes", url, out[PO_POST_2P]["requests"], CONNECTIONS)
+    with fresh_database() as url:
+        server, ready = _start("hand", url)
+        try:
+            base = f"http://127.0.0.1:{ready['port']}"
+            env = {"BENCH_PO_TOKEN": ready["token"], "BENCH_PATH": "/requests"}
+            out[HAND_POST] = _measured(server, f"{base}/requests", seconds, script=script, env=env)
+            out[HAND_POST_64] = _measured(
+                server, f"{base}/requests", seconds, script=script, env=env, connections=64
+            )
+        finally:
+            server.stop()
+        accepted = out[HAND_POST]["requests"] + out[HAND_POST_64]["requests"]
+        _check_rows("hand-written POST", url, accepted, CONNECTIONS + 64)
     with fresh_database() as url:
         server, ready = _start("middleware", url)
         try:
@@ -173,3 +248,38 @@ if __name__ == "__main__":
     import sys
 
     print(json.dumps(http_ingestion(float(sys.argv[1]) if len(sys.argv) > 1 else 3.0), indent=1))
+
+
+def issue27_targets(results: Any, verdict: Any) -> list[tuple[str, str, str]]:
+    """Issue 27 §1: the keyed POST against the same work written by hand, at 16 and 64
+    connections; the replay of a stored response; two server processes; the middleware's
+    own CPU. Each against its baseline from the same run."""
+    out: list[tuple[str, str, str]] = []
+
+    def median(workload: str, label: str) -> float | None:
+        row = results.get(workload, label)
+        return float(row.median) if row is not None and row.values else None
+
+    def ratio(workload: str, a: str, b: str) -> float | None:
+        x, y = median(workload, a), median(workload, b)
+        return x / y if x is not None and y else None
+
+    rps, cpu, p99 = "HTTP requests/s", "HTTP server CPU", "HTTP p99"
+    checks = [
+        (rps, PO_POST, HAND_POST, "keyed POST ≥ 1.2× the hand-written one's requests/s", 1.2, True),
+        (cpu, PO_POST, HAND_POST, "keyed POST ≤ 0.8× the hand-written one's CPU/req", 0.8, False),
+        (rps, PO_REPLAY, PO_POST, "replay of a stored response ≥ 3× a fresh POST", 3.0, True),
+        (rps, PO_POST_2P, PO_POST, "two server processes ≥ 1.6× one", 1.6, True),
+        (cpu, MW_POST, BARE_POST, "middleware alone ≤ +25 % CPU/request", 1.25, False),
+    ]  # fmt: skip
+    for workload, a, b, target, limit, higher in checks:
+        x = ratio(workload, a, b)
+        if x is not None:
+            ok = x >= limit if higher else x <= limit
+            out.append((f"HTTP: {target}", f"{x:.2f}×", verdict(ok)))
+    for label, conns in ((PO_POST, 16), (PO_POST_64, 64)):
+        value = median(p99, label)
+        if value is not None:
+            target = f"HTTP: keyed POST p99 < 50 ms at {conns} connections"
+            out.append((target, f"{value:.1f} ms", verdict(value < 50)))
+    return out

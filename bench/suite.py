@@ -1020,7 +1020,9 @@ HTTP_PAIRS = (
 def http_targets(results: Results, verdict: Callable[[bool], str]) -> list[tuple[str, str, str]]:
     """Issue 16 §1: a keyed POST at ≥ 0.5× the floor of its own process, p99 < 50 ms at 16
     connections; and its server CPU per request against the floor's (what bounds it)."""
-    out: list[tuple[str, str, str]] = []
+    from http_bench import issue27_targets
+
+    out: list[tuple[str, str, str]] = issue27_targets(results, verdict)
     for post, floor in HTTP_PAIRS:
         rate, base = results.get("HTTP requests/s", post), results.get("HTTP requests/s", floor)
         p99 = results.get("HTTP p99", post)

@@ -194,7 +194,9 @@ async def _row_counts(url: str) -> dict[str, int]:
             f"{s}.{t}"
             for s, t in await query(
                 url,
-                "SELECT schemaname, relname FROM pg_stat_user_tables ORDER BY 1, 2",
+                # a partition's rows count as its table's (the fences: by day)
+                "SELECT s.schemaname, s.relname FROM pg_stat_user_tables AS s "
+                "JOIN pg_class AS c ON c.oid = s.relid WHERE NOT c.relispartition ORDER BY 1, 2",
             )
         ]
     else:
@@ -211,9 +213,11 @@ async def _row_counts(url: str) -> dict[str, int]:
 async def _insert_counters(url: str) -> dict[str, int]:
     rows = await query(
         url,
-        "SELECT pg_stat_clear_snapshot(), schemaname || '.' || relname, n_tup_ins "
-        "FROM pg_stat_user_tables",
-    )
+        "SELECT pg_stat_clear_snapshot() IS NULL, s.schemaname || '.' || coalesce(p.relname, "
+        "s.relname), sum(s.n_tup_ins) FROM pg_stat_user_tables AS s "
+        "LEFT JOIN pg_inherits AS i ON i.inhrelid = s.relid "
+        "LEFT JOIN pg_class AS p ON p.oid = i.inhparent GROUP BY 1, 2",
+    )  # a partition's inserts count as its table's
     return {name: int(ins) for _, name, ins in rows}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,63 @@ async def test_sqlite_app_migrates_a_new_file_itself(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / f'{uuid.uuid4().hex}.db'}"
     async with App(url) as app:
         assert await app.store.schema_version() == len(migrations("sqlite"))
+
+
+FENCE_PARTITIONS = next(m.version for m in migrations("postgresql") if m.name == "fence_partitions")
+
+
+async def test_the_fence_table_becomes_partitioned_with_its_fences(empty_pg_database: str) -> None:
+    """A database with fences in the unpartitioned table: the migration keeps every fence
+    (the old table becomes one partition up to the midnight after its last expiry), they
+    still fence their keys, new days come after it, and cleanup drops it whole once its last
+    fence expired — but for a fence of a letter pending review, moved out first."""
+    from jobfence.core.fence import claim_tx
+    from jobfence.runtime.cleanup import cleanup_fences
+    from jobfence.runtime.partitions import add_days
+
+    url = empty_pg_database
+    db = await _open(url)
+    try:
+        async with db.transaction() as tx:
+            await tx.script(db.sql["create_migrations_table"])  # type: ignore[attr-defined]
+            for m in migrations("postgresql"):
+                if m.version < FENCE_PARTITIONS:
+                    await tx.script(m.sql)
+                    await tx.q("record_migration", {"version": m.version, "name": m.name})
+            await tx.execute(
+                "INSERT INTO core.processed_jobs (consumer, job_id, processed_at, expires_at) "
+                "SELECT 'points', 'old-' || g, now() - interval '1 day', "
+                "now() + g * interval '1 minute' FROM generate_series(1, 3000) AS g"
+            )
+            await tx.execute(
+                "INSERT INTO core.dead_letters (queue, consumer, job_id, payload, payload_size, "
+                "attempts, error_category, last_error) VALUES ('points', 'points', 'old-7', "
+                "'\\x7b7d', 2, 6, 'TEMPORARY_ERROR', 'x')"
+            )
+        assert await Store(db).migrate() == [
+            m.version for m in migrations("postgresql") if m.version >= FENCE_PARTITIONS
+        ]
+        async with db.transaction() as tx:
+            parts = await tx.fetchall(
+                "SELECT name, lower_bound = '-infinity', upper_bound FROM core.fence_partitions() "
+                "ORDER BY 1"
+            )
+            last = (await tx.fetchall("SELECT max(expires_at) FROM core.processed_jobs"))[0][0]
+            assert not await claim_tx(tx, "points", "old-2999", timedelta(days=7))
+            assert await claim_tx(tx, "points", "new-1", timedelta(days=7))
+        assert [p[0] for p in parts] == ["processed_jobs_default", "processed_jobs_legacy"]
+        bound = datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
+        assert parts[1][1:] == (True, bound)
+        assert await add_days(db, timedelta(days=7)) == 4
+        async with db.transaction() as tx:
+            assert (await tx.fetchall("SELECT count(*) FROM core.processed_jobs"))[0][0] == 3001
+        clock = bound + timedelta(hours=1)
+        after = await cleanup_fences(db, min_age=timedelta(minutes=30), now=clock)
+        async with db.transaction() as tx:
+            left = await tx.fetchall("SELECT job_id FROM core.processed_jobs ORDER BY 1")
+            parts = await tx.fetchall("SELECT name FROM core.fence_partitions() ORDER BY 1")
+    finally:
+        await db.close()
+    assert (after.days, after.deleted) == (1, 2999)
+    assert left == [("new-1",), ("old-7",)]
+    assert "processed_jobs_legacy" not in [p[0] for p in parts]

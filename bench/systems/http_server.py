@@ -4,14 +4,20 @@ the project's virtualenv).
     python bench/systems/http_server.py po URL          # the purchase-order API
     python bench/systems/http_server.py middleware URL  # IdempotencyMiddleware + a trivial app
     python bench/systems/http_server.py bare            # a bare ASGI app (the physical floor)
+    python bench/systems/http_server.py hand URL        # the keyed POST written by hand
 
-Each prints ``{"ready": true, "port": …, …}`` and serves on 127.0.0.1 until SIGTERM.
+Each prints ``{"ready": true, "port": …, …}`` and serves on 127.0.0.1 until SIGTERM. With
+``BENCH_HTTP_PROCESSES=N`` the process forks N-1 more after its setup (migration, partner)
+and all serve the same listening socket, each with its own pool (as ``uvicorn --workers N``).
 
 - ``po``: migrates, creates one partner (its token is printed); only the API runs (no worker,
   no relay): the workload measures the POST — idempotency key claimed, request row and outbox
   event written, the response stored for replays. The ERP is never called on this path.
 - ``middleware``: :class:`jobfence.http.IdempotencyMiddleware` on its own pool in front of an
   ASGI handler that answers 202 at once: the middleware's cost per request.
+- ``hand``: bench/systems/http_handwritten.py, the same work as ``po``'s POST written by
+  hand (FastAPI + pydantic + a psycopg pool of 20, six round trips and a commit): the
+  baseline the keyed POST is held against (issue 27).
 - ``bare``: ``GET /healthz`` of a raw ASGI callable — what uvicorn itself costs here, the
   floor every other figure is held against.
 
@@ -69,6 +75,12 @@ def _stats() -> None:
     print(json.dumps({"stats": True, "tasks": _tasks, "pool": stats}), flush=True)
 
 
+#: the listening socket, bound before any fork (every process serves it)
+SOCK = tcp_listen_socket()
+#: this process's index among BENCH_HTTP_PROCESSES (0: the first, which says it is ready)
+INDEX = 0
+
+
 async def serve(app: Any, pool: Any = None, **ready: Any) -> None:
     if STATS:
         global _pool
@@ -76,21 +88,45 @@ async def serve(app: Any, pool: Any = None, **ready: Any) -> None:
         loop = asyncio.get_running_loop()
         loop.set_task_factory(_count_tasks)  # type: ignore[arg-type]
         loop.add_signal_handler(signal.SIGUSR1, _stats)
-    sock = tcp_listen_socket()
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="critical", access_log=False, lifespan="on")
     )
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    task = asyncio.create_task(server.serve(sockets=[SOCK]))
     while not server.started:
         if task.done():
             await task
             return
         await asyncio.sleep(0.05)
-    print(json.dumps({"ready": True, "port": sock.getsockname()[1], **ready}), flush=True)
+    if INDEX == 0:
+        print(json.dumps({"ready": True, "port": SOCK.getsockname()[1], **ready}), flush=True)
     await task
 
 
-async def main(mode: str, url: str | None) -> None:
+async def setup(mode: str, url: str | None) -> dict[str, Any]:
+    """What runs once before any fork: migrations, the partner (its token)."""
+    if mode == "middleware":
+        assert url
+        from jobfence import App
+
+        await App(url).migrate()
+    elif mode in ("po", "hand"):
+        assert url
+        from jobfence_examples.purchase_orders.adapter import ErpSettings
+        from jobfence_examples.purchase_orders.service import PurchaseOrderService, migrate
+
+        await migrate(url)
+        service = PurchaseOrderService(url, erp=ErpSettings("http://127.0.0.1:9"))
+        await service.open(pool_size=2)
+        try:
+            return {"token": await service.create_partner("bench", "Bench partner")}
+        finally:
+            await service.close()
+    elif mode != "bare":
+        raise SystemExit(f"unknown mode {mode!r}: po, hand, middleware or bare")
+    return {}
+
+
+async def main(mode: str, url: str | None, ready: dict[str, Any]) -> None:
     if mode == "bare":
         await serve(bare)
     elif mode == "middleware":
@@ -98,7 +134,6 @@ async def main(mode: str, url: str | None) -> None:
         from jobfence import App
 
         app = App(url)
-        await app.migrate()
         await app.open(pool_size=20)
         try:
             await serve(IdempotencyMiddleware(bare, database=app.db), getattr(app.db, "pool", None))
@@ -108,20 +143,35 @@ async def main(mode: str, url: str | None) -> None:
         assert url
         from jobfence_examples.purchase_orders.adapter import ErpSettings
         from jobfence_examples.purchase_orders.api import create_api
-        from jobfence_examples.purchase_orders.service import PurchaseOrderService, migrate
+        from jobfence_examples.purchase_orders.service import PurchaseOrderService
 
-        await migrate(url)
         service = PurchaseOrderService(url, erp=ErpSettings("http://127.0.0.1:9"))
         await service.open(pool_size=20)
-        token = await service.create_partner("bench", "Bench partner")
         try:
             api = create_api(service, manage_service=False)
-            await serve(api, getattr(service.db, "pool", None), token=token)
+            await serve(api, getattr(service.db, "pool", None), **ready)
         finally:
             await service.close()
-    else:
-        raise SystemExit(f"unknown mode {mode!r}: po, middleware or bare")
+    elif mode == "hand":
+        assert url
+        from http_handwritten import create_app
+        from psycopg_pool import AsyncConnectionPool
+
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            url, min_size=20, max_size=20, open=False
+        )
+        await pool.open(wait=True)
+        try:
+            await serve(create_app(pool), pool, **ready)
+        finally:
+            await pool.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))
+    mode, url = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+    ready = asyncio.run(setup(mode, url))
+    for index in range(1, int(os.environ.get("BENCH_HTTP_PROCESSES", "1"))):
+        if os.fork() == 0:
+            INDEX = index
+            break
+    asyncio.run(main(mode, url, ready))

@@ -104,9 +104,10 @@ def cleanup(
                 elif result.busy:
                     console.print(f"another cleaner is running ({result.busy}); nothing done")
                 else:
+                    days = f"{result.days} expired days dropped whole, " if result.days else ""
                     console.print(
-                        f"deleted {result.deleted} expired fences in {result.batches} batches, "
-                        f"{result.seconds:.2f}s (longest batch "
+                        f"deleted {result.deleted} expired fences ({days}{result.batches} "
+                        f"batches), {result.seconds:.2f}s (longest transaction "
                         f"{result.longest_batch * 1000:.0f} ms)"
                     )
                 return

@@ -91,7 +91,8 @@ class _Disconnected(Exception):
 
 
 class _NotClaimed(Exception):
-    pass
+    def __init__(self, row: dict[str, Any] | None) -> None:
+        self.row = row  # the key's row as the claim's next statement saw it
 
 
 class _RollBack(Exception):
@@ -245,9 +246,10 @@ class IdempotencyMiddleware:
         store = batches.store
         for _ in range(5):
             if self.one_transaction:
-                if await self._run_in_transaction(
+                handled, row = await self._run_in_transaction(
                     scope, body, send, store, partner_id, key, fingerprint
-                ):
+                )
+                if handled:
                     return
             else:
                 # claims (and completions) of concurrent requests share a statement
@@ -258,7 +260,7 @@ class IdempotencyMiddleware:
                     context = IdempotencyContext(partner_id, key, fingerprint, expires_at)
                     await self._run(scope, body, send, batches, context, token)
                     return
-            row = await store.get(partner_id, key)
+                row = await store.get(partner_id, key)
             if row is None or row["expired"]:
                 continue  # deleted or expired in between: claim again
             if row["fingerprint"] != fingerprint:
@@ -367,9 +369,12 @@ class IdempotencyMiddleware:
         partner_id: str,
         key: str,
         fingerprint: str,
-    ) -> bool:
+    ) -> tuple[bool, dict[str, Any] | None]:
         """``one_transaction``: claim, the app's writes and the stored response in one
-        transaction. False when the key was not claimed (the caller looks at it)."""
+        transaction. (False, the key's row) when the key was not claimed: the claim and the
+        read of the key go in one round trip (the read, a statement of its own, sees a key
+        another request committed while the claim waited for it), so a replay needs no
+        second connection."""
         params = {
             "partner_id": partner_id,
             "key": key,
@@ -378,9 +383,10 @@ class IdempotencyMiddleware:
             "window": self.window.total_seconds(),
         }
         try:
-            async with store.db.work(["idempotency_claim"], params) as (tx, results):
+            steps = ["idempotency_claim", "idempotency_get"]
+            async with store.db.work(steps, params) as (tx, results):
                 if not results[0]:
-                    raise _NotClaimed
+                    raise _NotClaimed(dict(results[1][0]) if results[1] else None)
                 self._note("executed")
                 claim = results[0][0]
                 token = str(claim["lease_token"])
@@ -391,12 +397,12 @@ class IdempotencyMiddleware:
                 if response.status >= 500:
                     raise _RollBack(response)
                 await store.complete(partner_id, key, token, response, tx)
-        except _NotClaimed:
-            return False
+        except _NotClaimed as seen:
+            return False, seen.row
         except _RollBack as rollback:
             response = rollback.response
         await _send_response(send, response.status, raw_headers, response.body)
-        return True
+        return True, None
 
     async def _run(
         self,

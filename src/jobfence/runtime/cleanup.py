@@ -10,6 +10,11 @@ job ran) — but **never**:
   ago (a replay must meet the fence);
 - while a job with its job_id is still retrying in this database's queue.
 
+On PostgreSQL the fences are partitioned by day of expiry (:mod:`jobfence.partitions`):
+cleanup first drops each day whose fences all expired more than ``min_age`` ago, whole (the
+fences kept for the reasons above are moved out first), then deletes the expired fences of
+the default partition as below.
+
 Cleanup deletes in bounded batches, oldest first, each batch its own short transaction found
 through the ``expires_at`` index (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, where each batch
 starts at the last ``expires_at`` of the one before, so a round over millions of expired rows
@@ -35,6 +40,7 @@ from datetime import datetime, timedelta
 from ..core.leases import Lease, default_holder
 from ..db import Database, Tx
 from ..metrics import CLEANUP_FAILURES, CLEANUP_SUCCEEDED, FENCES_DELETED
+from .partitions import busy, drop_day
 
 log = logging.getLogger("jobfence.cleanup")
 
@@ -53,6 +59,8 @@ class CleanupResult:
     busy: str | None = None  # another cleaner held the lease: its holder; nothing was done
     #: nothing expired was left when it stopped (False: it lost its lease or hit max_batches)
     caught_up: bool = True
+    #: day partitions dropped whole (PostgreSQL); their fences are counted in ``deleted``
+    days: int = 0
 
     @property
     def ran(self) -> bool:
@@ -86,14 +94,17 @@ async def cleanup_fences(
     }
     if db.dialect == "postgresql":
         params["after"] = None  # each batch starts where the previous one ended
-    if not (await db.run("cleanup_due", {"now": params["now"]}))[0]["due"]:
+    due = {"now": params["now"], "min_age": params["min_age"]}
+    if not (await db.run("cleanup_due", due))[0]["due"]:
         return CleanupResult(0, 0, time.monotonic() - started, 0.0)  # idle: write nothing
     if not await lease.acquire():
         return CleanupResult(0, 0, 0.0, 0.0, busy=await lease.current_holder() or "?")
-    deleted = batches = 0
+    deleted = batches = days = 0
     longest = 0.0
     caught_up = False
     try:
+        if db.dialect == "postgresql":
+            days, deleted, longest = await _drop_days(db, lease, now=params["now"], min_age=min_age)
         while max_batches is None or batches < max_batches:
             opened = time.monotonic()
             async with db.transaction() as tx:
@@ -116,9 +127,48 @@ async def cleanup_fences(
     if deleted:
         log.info(
             "expired fences deleted",
-            extra={"deleted": deleted, "batches": batches, "seconds": round(seconds, 3)},
+            extra={
+                "deleted": deleted,
+                "batches": batches,
+                "days": days,
+                "seconds": round(seconds, 3),
+            },
         )
-    return CleanupResult(deleted, batches, seconds, longest, caught_up=caught_up)
+    return CleanupResult(deleted, batches, seconds, longest, caught_up=caught_up, days=days)
+
+
+async def _drop_days(
+    db: Database, lease: Lease, *, now: object, min_age: timedelta
+) -> tuple[int, int, float]:
+    """Drop the day partitions that are due, each in its own transaction under the lease:
+    (days, their fences, the longest transaction). A day whose locks were not free within a
+    second stays for the next round."""
+    days = fences = 0
+    longest = 0.0
+    while True:
+        opened = time.monotonic()
+        try:
+            async with db.transaction() as tx:
+                if not await lease.renew(tx):
+                    log.warning("fence cleanup lost its lease; stopping")
+                    break
+                dropped = await drop_day(tx, now=now, min_age=min_age)
+        except Exception as exc:
+            if not busy(exc):
+                raise
+            log.info("an expired fence partition stays until the next round: %s", exc)
+            break
+        longest = max(longest, time.monotonic() - opened)
+        if dropped is None:
+            break
+        days += 1
+        fences += dropped.fences
+        FENCES_DELETED.inc(dropped.fences)
+        log.info(
+            "expired fence partition dropped",
+            extra={"partition": dropped.name, "fences": dropped.fences, "kept": dropped.kept},
+        )
+    return days, fences, longest
 
 
 async def _delete_batch(db: Database, tx: Tx, params: dict[str, object]) -> int:

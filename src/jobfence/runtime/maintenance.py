@@ -15,6 +15,7 @@ from ..db import Database
 from ..errors import ConfigurationError
 from ..review.stats import refresh_gauges
 from .cleanup import DEFAULT_BATCH, DEFAULT_INTERVAL, cleanup_loop
+from .partitions import days_loop
 
 log = logging.getLogger("jobfence.maintenance")
 
@@ -72,13 +73,20 @@ async def housekeeping(
     *,
     jobs_db: Database | None,
     min_age: timedelta,
+    fence_ttl: timedelta,
     calls_db: Callable[[], Database | None] = lambda: None,
 ) -> None:
-    """A worker's background duties, until cancelled: fence cleanup (never of a fence younger
-    than ``min_age``), alert delivery and the database gauges (``jobs_db``: the database
-    holding the jobs, the transport's job-control view, None: ``db``; ``calls_db``: the
-    call ledger's database once it is open), as ``settings`` say. Never raises."""
+    """A worker's background duties, until cancelled: on PostgreSQL the fence partitions of
+    the days ahead (``fence_ttl`` says which), fence cleanup (never of a fence younger than
+    ``min_age``), alert delivery and the database gauges (``jobs_db``: the database holding
+    the jobs, the transport's job-control view, None: ``db``; ``calls_db``: the call ledger's
+    database once it is open), as ``settings`` say. Never raises."""
     async with asyncio.TaskGroup() as group:
+        if db.dialect == "postgresql":
+            group.create_task(
+                days_loop(db, ttl=fence_ttl, interval=settings.cleanup_interval),
+                name="jobfence-fence-days",
+            )
         if settings.cleanup:
             group.create_task(
                 cleanup_loop(

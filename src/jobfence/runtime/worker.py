@@ -482,6 +482,7 @@ class Worker:
                     self.runtime.db,
                     jobs_db=self.runtime.transport.jobs_db,
                     min_age=self.runtime.redelivery_exposure,
+                    fence_ttl=self.runtime.fence_ttl,
                     calls_db=lambda: ledger.opened if (ledger := self.runtime.ledger) else None,
                 ),
                 name="jobfence-housekeeping",

@@ -5,6 +5,7 @@
 SELECT floor(extract(epoch FROM (now() - processed_at)) / 60)::int AS ago, count(*) AS n
 FROM core.processed_jobs
 WHERE processed_at > now() - interval '60 minutes'
+  AND expires_at > now() - interval '60 minutes'  -- expires_at > processed_at: older days pruned
 GROUP BY 1
 
 -- name: console_failed_per_minute

@@ -1,25 +1,20 @@
 -- The fence (SPEC F, H5, T2): insert with the ack, group commit, the lent transaction, cleanup (jobfence.core.fence, jobfence.runtime.cleanup).
 
 -- name: fence_and_ack
+-- core.fence() keeps the key unique across the day partitions (9_fence_partitions.sql).
 WITH acked AS (
     DELETE FROM core.jobs WHERE id = %(id)s AND lease_token = %(token)s RETURNING id
-), fenced AS (
-    INSERT INTO core.processed_jobs (consumer, job_id, expires_at)
-    SELECT %(consumer)s, %(job_id)s, now() + make_interval(secs => %(ttl)s) FROM acked
-    ON CONFLICT DO NOTHING
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM acked) AS acked, (SELECT count(*) FROM fenced) AS fenced
+SELECT count(*) AS acked,
+       count(*) FILTER (WHERE core.fence(%(consumer)s, %(job_id)s, %(ttl)s)) AS fenced
+FROM acked
 
 -- name: fence
-INSERT INTO core.processed_jobs (consumer, job_id, expires_at)
-VALUES (%(consumer)s, %(job_id)s, now() + make_interval(secs => %(ttl)s))
-ON CONFLICT DO NOTHING
-RETURNING 1 AS fenced
+SELECT 1 AS fenced WHERE core.fence(%(consumer)s, %(job_id)s, %(ttl)s)
 
 -- name: batch_fence_and_ack
 -- Group commit: ack a batch of claimed jobs and fence them, in one statement at the start of
--- one transaction. Keys are locked in (consumer, job_id) order so that concurrent batches
+-- one transaction. core.fence_many() locks the keys in one order, so that concurrent batches
 -- cannot deadlock on each other's fences. A job_id twice in the batch is fenced once.
 WITH input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(consumers)s::text[],
@@ -28,13 +23,12 @@ WITH input AS (
     DELETE FROM core.jobs AS j USING input AS i
     WHERE j.id = i.id AND j.lease_token = i.token
     RETURNING j.id
-), fenced AS (
-    INSERT INTO core.processed_jobs (consumer, job_id, expires_at)
-    SELECT DISTINCT i.consumer, i.job_id, now() + make_interval(secs => %(ttl)s)
-    FROM input AS i JOIN acked AS a ON a.id = i.id
-    ORDER BY i.consumer, i.job_id
-    ON CONFLICT DO NOTHING
-    RETURNING consumer, job_id
+), todo AS MATERIALIZED (
+    SELECT i.consumer, i.job_id FROM input AS i JOIN acked AS a ON a.id = i.id
+), fenced AS MATERIALIZED (
+    SELECT f.fenced_consumer AS consumer, f.fenced_job_id AS job_id
+    FROM core.fence_many(ARRAY(SELECT consumer FROM todo), ARRAY(SELECT job_id FROM todo),
+                         %(ttl)s) AS f
 )
 SELECT i.id, a.id IS NOT NULL AS acked, f.job_id IS NOT NULL AS fenced
 FROM input AS i
@@ -56,16 +50,28 @@ SELECT core.fence_commit(%(jobfence_tx)s)
 -- name: lend_commit_and_commit
 SELECT core.fence_commit(%(jobfence_tx)s); COMMIT
 
+-- name: fence_partitions_add
+-- The day partitions from first to last (UTC days) that do not exist yet (cleanup.py).
+SELECT core.fence_partitions_add(%(first)s::date, %(last)s::date) AS made
+
+-- name: fence_partition_drop
+-- The oldest day partition that expired min_age ago, dropped whole (the fences cleanup keeps
+-- moved out first); no row when none is due.
+SELECT dropped, fences, kept
+FROM core.fence_partition_drop(coalesce(%(now)s::timestamptz, now()), %(min_age)s)
+
 -- name: cleanup_fences
--- Expired fences, oldest first, except: younger than min_age (a retry window), of a job_id
+-- The default partition's expired fences (the day partitions go whole: fence_partition_drop),
+-- oldest first, except: younger than min_age (a retry window), of a job_id
 -- with a letter pending review or replayed within min_age, or of a job still retrying here.
--- The DELETE finds the locked rows by ctid (a TID scan): joined on the key, the planner
--- hashed the whole table for every batch up to a few million rows (bench: fences workload).
+-- The DELETE finds the locked rows by ctid (a TID scan; ctid is unique within one partition):
+-- joined on the key, the planner hashed the whole table for every batch up to a few million
+-- rows (bench: fences workload).
 -- A batch starts at the previous one's last expires_at (after): the index entries of the
 -- rows deleted before it (dead until vacuumed) and of the rows kept are not read again.
 WITH doomed AS (
     SELECT p.ctid
-    FROM core.processed_jobs AS p
+    FROM core.processed_jobs_default AS p
     WHERE p.expires_at <= coalesce(%(now)s::timestamptz, now())
       AND p.expires_at >= coalesce(%(after)s::timestamptz, '-infinity')
       AND p.processed_at <= coalesce(%(now)s::timestamptz, now())
@@ -84,19 +90,23 @@ WITH doomed AS (
     LIMIT %(limit)s
     FOR UPDATE OF p SKIP LOCKED
 ), deleted AS (
-    DELETE FROM core.processed_jobs
+    DELETE FROM core.processed_jobs_default
     WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
     RETURNING expires_at
 )
 SELECT count(*) AS deleted, max(expires_at) AS last FROM deleted
 
 -- name: cleanup_due
-SELECT EXISTS (SELECT 1 FROM core.processed_jobs
-               WHERE expires_at <= coalesce(%(now)s::timestamptz, now())) AS due
+SELECT EXISTS (SELECT 1 FROM core.processed_jobs_default
+               WHERE expires_at <= coalesce(%(now)s::timestamptz, now()))
+       OR EXISTS (SELECT 1 FROM core.fence_partitions() AS p
+                  WHERE NOT p.is_default
+                    AND p.upper_bound <= coalesce(%(now)s::timestamptz, now())
+                                         - make_interval(secs => %(min_age)s)) AS due
 
 -- name: fence_find
 -- The fence rows of one job_id among the given consumers (a job looked up by its job_id
--- that is no longer queued: finished, and when). One primary-key probe per consumer.
+-- that is no longer queued: finished, and when). One index probe per consumer and day.
 SELECT consumer, processed_at, expires_at FROM core.processed_jobs
 WHERE consumer = ANY(%(consumers)s) AND job_id = %(job_id)s
 ORDER BY processed_at, consumer

@@ -40,10 +40,8 @@ SELECT queue, 'PUBLISH_FAILED_RETRY', count(*),
 FROM core.outbox WHERE state = 'PUBLISH_FAILED_RETRY' GROUP BY queue
 
 -- name: gauge_fences
--- The fence table's rows (the planner's estimate, exact while the table was never analysed)
--- and its size on disk with indexes.
-SELECT CASE WHEN c.reltuples < 0 THEN (SELECT count(*) FROM core.processed_jobs)
-            ELSE c.reltuples::bigint END AS fences,
-       pg_total_relation_size(c.oid) AS bytes
-FROM pg_class AS c
-WHERE c.oid = 'core.processed_jobs'::regclass
+-- The fence table's rows (each partition's planner estimate, counted while it was never
+-- analysed: core.fence_count) and its size on disk with indexes.
+SELECT core.fence_count() AS fences,
+       (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
+        FROM pg_partition_tree('core.processed_jobs') AS t WHERE t.isleaf)::bigint AS bytes

@@ -43,16 +43,23 @@ CREATE TRIGGER jobs_notify AFTER INSERT ON core.jobs
     REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION core.jobs_notify();
 
 -- The idempotency fence (SPEC F1): one row per (consumer, job_id), written in the same
--- transaction as the handler's work.
+-- transaction as the handler's work. Partitioned by day of expiry (9_fence_partitions.sql):
+-- cleanup drops a whole day. A partition key on expires_at cannot carry a unique index on
+-- (consumer, job_id), so core.fence() keeps the key unique (see there); this index finds a
+-- key in every partition.
 CREATE TABLE core.processed_jobs (
     consumer      text NOT NULL,
     job_id        text NOT NULL,
     processed_at  timestamptz NOT NULL DEFAULT now(),
     expires_at    timestamptz NOT NULL,
-    PRIMARY KEY (consumer, job_id),
-    CHECK (expires_at > processed_at)
-);
-CREATE INDEX processed_jobs_expires_idx ON core.processed_jobs (expires_at);
+    CONSTRAINT processed_jobs_check CHECK (expires_at > processed_at)
+) PARTITION BY RANGE (expires_at);
+CREATE INDEX processed_jobs_key_idx ON core.processed_jobs (job_id, consumer);
+-- Whatever no day partition holds (days not created yet, fences moved past their day because
+-- cleanup must keep them) lands here, so an insert never fails; cleanup deletes its expired
+-- rows in batches through this index.
+CREATE TABLE core.processed_jobs_default PARTITION OF core.processed_jobs DEFAULT;
+CREATE INDEX processed_jobs_default_expires_idx ON core.processed_jobs_default (expires_at);
 
 -- The transaction boundary (SPEC H5): jobfence lends a handler the transaction that holds the
 -- job's fence, and only jobfence may commit it. core.fence_begin(token) names the lent
