@@ -4,6 +4,7 @@ and a fresh SQLite file per test. Real servers only; nothing is mocked."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import pytest
 
 from jobfence.config import parse_database_url
 from jobfence.db import connect
+from jobfence.logs import FOREIGN_LOGGERS
 from jobfence.store import Store
 
 PG_ADMIN = os.environ.get("JOBFENCE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -118,3 +120,17 @@ async def ledger(database_url: str) -> str:
 async def pg_ledger(pg_database: str) -> str:
     """A PostgreSQL database with a ledger table (for PostgreSQL-only behaviour)."""
     return await make_ledger(pg_database)
+
+
+@pytest.fixture(autouse=True)
+def _loggers_restored() -> Iterator[None]:
+    """An in-process CLI call configures jobfence's loggers with a handler on the sys.stderr
+    of that moment — pytest's capture, closed after its test. Put the loggers back afterwards,
+    so that a later test's records do not end as 'Logging error' tracebacks on its stderr."""
+    loggers = [logging.getLogger(name) for name in ("jobfence", *FOREIGN_LOGGERS)]
+    saved = [(list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate

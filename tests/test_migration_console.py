@@ -41,7 +41,8 @@ async def test_the_audit_log_survives_the_sqlite_upgrade(tmp_path: Path) -> None
     con.commit()
     con.close()
 
-    assert await App(f"sqlite:///{path}").migrate() == [8]
+    applied = await App(f"sqlite:///{path}").migrate()
+    assert applied[0] == 8  # (and any migration after it)
 
     con = sqlite3.connect(path)
     assert con.execute(

@@ -71,11 +71,11 @@ async def test_cli_commands_answer_within_a_bound_while_a_handler_holds_the_writ
         timings: dict[str, float] = {"jobs list": took}
         answers: dict[str, Any] = {}
         for name, args, code in [
-            ("jobs show", ("jobs", "show", row), 0),
+            ("jobs show", ("jobs", "show", "--id", row), 0),
             ("dead-letters list", ("dead-letters", "list"), 0),
             ("queues list", ("queues", "list"), 0),
-            ("jobs cancel", ("jobs", "cancel", row, "--reason", "stop it"), 1),
-            ("jobs retry-now", ("jobs", "retry-now", row), 1),
+            ("jobs cancel", ("jobs", "cancel", "--id", row, "--reason", "stop it"), 1),
+            ("jobs retry-now", ("jobs", "retry-now", "--id", row), 1),
         ]:
             done, took = jobfence(url, *args)
             timings[name] = took

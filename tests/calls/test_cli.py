@@ -59,7 +59,8 @@ def test_calls_list_show_and_settle(database_url: str, capsys: Capture) -> None:
     assert by_job["po-1"]["state"] == "in_doubt"
     assert "read timeout" in by_job["po-1"]["last_error"]
     assert table_out[0] == 0
-    assert default_key("po-2", STEP) in table_out[1]
+    # the table at the console's width (80 columns here): the key may be cut, never missing
+    assert default_key("po-2", STEP)[:6] in table_out[1]
     assert shown[0] == 0
     assert "parked as" in shown[1]
     assert f"jobfence calls settle {first} applied --reference REF" in shown[1]

@@ -53,8 +53,8 @@ async def test_migrate_waits_for_a_starting_database_then_reapplies_cleanly() ->
         assert proc.returncode == 0, err
         assert "waiting up to 120 s for the database" in err
         assert err.count("\n") == 1, err  # said once, not once per try
-        assert re.search(r"applied migrations 1, 2, .*11 to ", out), out
-        assert await scalar(server.url, "SELECT max(version) FROM core.schema_migrations") == 11
+        assert re.search(r"applied migrations 1, 2, .*11(, \d+)* to ", out), out
+        assert await scalar(server.url, "SELECT max(version) FROM core.schema_migrations") >= 11
         again = await asyncio.to_thread(_migrate(server.url, "5m").communicate, timeout=120)
         assert "is up to date" in again[0], again  # the next pod's init container
     finally:
