@@ -45,9 +45,9 @@ ONE_RETRY = RetryPolicy(
     cap=timedelta(seconds=1),
     justification="test: a job that lost its worker twice must go to dead letters",
 )
-#: the emulator's redeliveries of unanswered messages within seconds (the seed's 10 s – 10 min
-#: backoff would make a test of five lost deliveries take minutes)
-FAST_REDELIVERY = {"min_backoff": 0, "max_backoff": 1}
+#: the emulator's redeliveries of unanswered messages at once (the seed's 10 s – 10 min
+#: backoff would make a test of five lost deliveries take minutes): no retry policy
+FAST_REDELIVERY = {"min_backoff": 0, "max_backoff": 0}
 
 
 def url_with(target: Target, **options: object) -> str:
@@ -364,6 +364,42 @@ async def test_lost_deliveries_end_in_jobfence_before_pubsubs_limit(pubsub: Targ
     assert [(a[DEAD_LETTER], a["attempts"], a["error_code"]) for _, a in on_dlq] == [
         ("1", "3", "ATTEMPTS_EXHAUSTED")
     ]
+
+
+async def test_a_lost_batch_redelivered_and_lost_again_never_stalls_redelivery(
+    pubsub: Target,
+) -> None:
+    """A worker killed twice while holding the same pulled batch (as in the fault runs): with
+    ``min_backoff=0&max_backoff=0`` the subscription has no retry policy, so the batch and any
+    later lost message come back at once. (With a retry policy, the emulator's backoff of a
+    batch whose deadline ran out together on a redelivery stops redelivering anything that
+    was lost twice on that subscription, for good.)"""
+    url = url_with(pubsub, **FAST_REDELIVERY)
+    transport = PubSubTransport.from_url(url, lease=timedelta(seconds=1), worker_id="t")
+    app = pubsub.app(lease=1.0, transport_url=url)
+    async with app:
+        await app.enqueue_many([app.job(pubsub.queue, {"n": i}, job_id=f"b-{i}") for i in range(4)])
+    await transport.open()
+    try:
+        held: dict[str, int] = {}
+
+        async def take(jobs: set[str], attempt: int) -> bool:
+            """Take (and never answer) each of ``jobs`` at ``attempt``."""
+            for d in await transport.fetch([pubsub.queue], 10, 0.5):
+                held[d.job_id] = d.attempt
+            return all(held.get(job) == attempt for job in jobs)
+
+        batch = {f"b-{i}" for i in range(4)}
+        for attempt in (1, 2, 3):
+            await eventually(lambda a=attempt: take(batch, a), timeout=30, what=f"batch {attempt}")
+        async with app:
+            await app.enqueue(pubsub.queue, {"n": 9}, job_id="probe")
+        for attempt in (1, 2, 3):
+            await eventually(
+                lambda a=attempt: take({"probe"}, a), timeout=30, what=f"probe {attempt}"
+            )
+    finally:
+        await transport.close()
 
 
 async def test_a_message_pubsub_dead_letters_becomes_one_jobfence_dead_letter(
