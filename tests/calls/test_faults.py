@@ -61,13 +61,10 @@ def _sweep_rabbitmq() -> Iterator[None]:
     sweep_rabbitmq_session()
 
 
-# Pub/Sub only in the proof runs. Jobs held by a worker killed with kill -9 were sometimes
-# never delivered again: the emulator's retry-policy backoff stops redelivering on a
-# subscription once a pulled batch ran out of deadline on a redelivery (docs/transports.md);
-# FAST_PUBSUB now declares no retry policy, which the emulator redelivers without that flaw
-@pytest.fixture(
-    params=["postgresql", "sqlite", "rabbitmq", pytest.param("pubsub", marks=pytest.mark.proof)]
-)
+# Pub/Sub: FAST_PUBSUB declares no retry policy. With one, the emulator's backoff stops
+# redelivering on a subscription once a pulled batch runs out of deadline on a redelivery,
+# and jobs held by a worker killed with kill -9 were never delivered again (docs/transports.md)
+@pytest.fixture(params=["postgresql", "sqlite", "rabbitmq", "pubsub"])
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     made = make_target(str(request.param), request)
     yield made
