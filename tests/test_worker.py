@@ -202,7 +202,10 @@ async def test_several_worker_processes_share_one_sqlite_file(
             await wait_started(log)
         app = App(sqlite_database)
         async with app:
-            jobs = [app.job("crash", {}, job_id=f"j-{i}") for i in range(200)] * 3
+            # each job holds the write lock 20 ms: one worker's claims cannot win every race
+            # for the lock (with instant jobs one worker took all 600 once, under load)
+            slow = {"mode": "sleep", "seconds": 0.02}
+            jobs = [app.job("crash", slow, job_id=f"j-{i}") for i in range(200)] * 3
             await app.enqueue_many(jobs)
         await eventually(lambda: _queue_is_empty(sqlite_database), timeout=90, what="queue drained")
     finally:
