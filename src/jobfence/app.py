@@ -23,7 +23,7 @@ from .config import (
 from .core import fence
 from .core.codec import Decoder, Schema
 from .core.fence import DEFAULT_FENCE_TTL
-from .core.jobs import OutgoingJob, check_queue, outgoing_job
+from .core.jobs import DEFAULT_PRIORITY, OutgoingJob, check_queue, outgoing_job
 from .core.leases import default_holder
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
@@ -459,10 +459,16 @@ class App:
         job_id: str | None = None,
         correlation_id: str | None = None,
         delay: timedelta | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> OutgoingJob:
         """Validate and encode one job (what ``enqueue`` does before it writes)."""
         return outgoing_job(
-            queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay
+            queue,
+            payload,
+            job_id=job_id,
+            correlation_id=correlation_id,
+            delay=delay,
+            priority=priority,
         )
 
     async def enqueue(
@@ -473,16 +479,27 @@ class App:
         job_id: str | None = None,
         correlation_id: str | None = None,
         delay: timedelta | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
         connection: Any = None,
         session: Any = None,
     ) -> str:
         """Enqueue one job; return its job_id.
 
+        ``priority``: 0 (the default) to 9, higher runs first (docs/flow-control.md
+        "Priorities"; a broker without priorities refuses any but 0).
+
         With ``connection`` (a handler's ``tx``, a psycopg ``AsyncConnection`` or an aiosqlite
         ``Connection`` in an open transaction) or ``session`` (a SQLAlchemy ``AsyncSession``)
         the job is written in that transaction and exists only if it commits.
         """
-        job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
+        job = self.job(
+            queue,
+            payload,
+            job_id=job_id,
+            correlation_id=correlation_id,
+            delay=delay,
+            priority=priority,
+        )
         await self.enqueue_many([job], connection=connection, session=session)
         return job.job_id
 
@@ -546,10 +563,11 @@ class App:
         job_id: str | None = None,
         correlation_id: str | None = None,
         delay: timedelta | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
         connection: Any = None,
         session: Any = None,
     ) -> str:
-        """Enqueue from synchronous code.
+        """Enqueue from synchronous code (``priority`` as for :meth:`enqueue`).
 
         With ``connection`` (a psycopg ``Connection``, an ``sqlite3.Connection`` or a plain
         ``def`` handler's ``tx``) or ``session`` (a SQLAlchemy ``Session``) the job joins that
@@ -557,7 +575,14 @@ class App:
         and committed.
         """
         connection = _one_of(connection, session)
-        job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
+        job = self.job(
+            queue,
+            payload,
+            job_id=job_id,
+            correlation_id=correlation_id,
+            delay=delay,
+            priority=priority,
+        )
         if isinstance(connection, SyncTx):
             connection.run_sync(self.enqueue_many([job], connection=connection.async_tx))
             return job.job_id

@@ -226,6 +226,7 @@ def show_job(
         else ("worker / lease", "-"),
         ("enqueued", f"{show_time(j.enqueued_at)} UTC"),
         ("partner", j.partner or "-"),
+        ("priority", str(j.priority)),
     ):
         table.add_row(name, value)
     console.print(table)

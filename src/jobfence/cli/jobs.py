@@ -12,7 +12,7 @@ import click
 
 from ..app import App
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE, check_schema_name
-from ..core.jobs import check_job_id, check_queue
+from ..core.jobs import check_job_id, check_priority, check_queue
 from ..errors import DatabaseUnavailable
 from ..sql import DEFAULT_SCHEMA, Dialect
 from .common import (
@@ -266,6 +266,13 @@ def worker(
     help="How long before it may run (30s, 5m, 2h; plain seconds).",
 )
 @click.option(
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    help="0 to 9, higher runs first (database queue; a broker without priorities refuses).",
+)
+@click.option(
     "--raw",
     is_flag=True,
     help="Enqueue the payload bytes as given, even if not JSON or not UTF-8.",
@@ -279,6 +286,7 @@ def enqueue(
     job_id: str | None,
     correlation_id: str | None,
     delay: timedelta,
+    priority: int,
     raw: bool,
     as_json: bool,
 ) -> None:
@@ -310,6 +318,7 @@ def enqueue(
     for name, check, value_given in (
         ("QUEUE", check_queue, queue),
         ("--job-id", check_job_id, job_id),
+        ("--priority", check_priority, priority),
     ):
         if value_given is not None:
             try:
@@ -326,6 +335,7 @@ def enqueue(
                 job_id=job_id,
                 correlation_id=correlation_id,
                 delay=delay.total_seconds(),
+                priority=priority,
             )
 
     found = run(go())

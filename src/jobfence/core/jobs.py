@@ -26,6 +26,14 @@ T = TypeVar("T")
 MAX_JOB_ID_LENGTH = 255
 MAX_QUEUE_LENGTH = 200
 
+#: Job priorities: whole numbers from 0 to 9, **higher runs first**; 0 is the default, so a
+#: job given no priority runs after every job given one, and an app that never says
+#: ``priority=`` keeps plain oldest-first order. RabbitMQ reads message priorities the same
+#: way round (docs/flow-control.md "Priorities").
+MIN_PRIORITY = 0
+MAX_PRIORITY = 9
+DEFAULT_PRIORITY = 0
+
 
 @dataclass(frozen=True)
 class AttemptRecord:
@@ -105,6 +113,9 @@ class Delivery:
     given_up: str | None = None
     #: the W3C trace context the job travels with (:func:`trace_context_of`), else None
     trace_context: str | None = None
+    #: its priority (:data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`, higher runs first); a
+    #: copy the transport writes again (a retry, a hand-back) keeps it
+    priority: int = DEFAULT_PRIORITY
 
 
 class CallLedger(Protocol):
@@ -318,6 +329,8 @@ class OutgoingJob:
     delay: float = 0.0  # seconds
     #: the W3C trace context it travels with (:func:`jobfence.core.jobs.trace_context_of`)
     trace_context: str | None = None
+    #: :data:`MIN_PRIORITY` (the default) to :data:`MAX_PRIORITY`; higher runs first
+    priority: int = DEFAULT_PRIORITY
 
     def params(self) -> dict[str, Any]:
         return {
@@ -328,7 +341,23 @@ class OutgoingJob:
             "delay": float(self.delay),
             "partner": partner_of(self.payload),
             "trace_context": self.trace_context,
+            "priority": self.priority,
         }
+
+
+def check_priority(priority: object) -> int:
+    """Return a valid priority or raise ValueError saying what is wrong and what is allowed."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(
+            f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} "
+            f"(higher runs first), got {type(priority).__name__} {priority!r}"
+        )
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ValueError(
+            f"priority {priority} is out of range: use {MIN_PRIORITY} (the default) to "
+            f"{MAX_PRIORITY}, higher runs first"
+        )
+    return priority
 
 
 def outgoing_job(
@@ -338,6 +367,7 @@ def outgoing_job(
     job_id: str | None = None,
     correlation_id: str | None = None,
     delay: timedelta | float | None = None,
+    priority: int = DEFAULT_PRIORITY,
 ) -> OutgoingJob:
     """Validate and encode one job (``App.job``, what every enqueue and outbox write does
     before it writes); :class:`~jobfence.errors.EnqueueError` says what is wrong."""
@@ -354,7 +384,8 @@ def outgoing_job(
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay or 0)
         if seconds < 0:
             raise ValueError("delay must not be negative")
+        check_priority(priority)
         data = encode(payload)
     except ValueError as exc:
         raise EnqueueError(str(exc)) from None
-    return OutgoingJob(queue, job_id, data, correlation_id, seconds)
+    return OutgoingJob(queue, job_id, data, correlation_id, seconds, priority=priority)

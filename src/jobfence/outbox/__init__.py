@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .. import tracing
-from ..core.jobs import outgoing_job
+from ..core.jobs import DEFAULT_PRIORITY, outgoing_job
 from ..db import Database, Tx, to_datetime
 from ..db.adopt import SyncConnection, adopt_async
 from ..errors import ConfigurationError, EnqueueError, InvalidRequest
@@ -61,8 +61,11 @@ def _event(
     event_id: str | None,
     key: str | None,
     correlation_id: str | None,
+    priority: int = DEFAULT_PRIORITY,
 ) -> dict[str, Any]:
-    job = outgoing_job(queue, payload, job_id=event_id, correlation_id=correlation_id)
+    job = outgoing_job(
+        queue, payload, job_id=event_id, correlation_id=correlation_id, priority=priority
+    )
     if key is not None:
         if not isinstance(key, str) or not key or "\x00" in key:
             raise EnqueueError("the ordering key must be a non-empty string without NUL")
@@ -75,6 +78,7 @@ def _event(
         "correlation_id": job.correlation_id,
         "payload": job.payload,
         "trace_context": None,
+        "priority": job.priority,
     }
 
 
@@ -103,6 +107,7 @@ async def write(
     key: str | None = None,
     correlation_id: str | None = None,
     schema: str | None = None,
+    priority: int = DEFAULT_PRIORITY,
 ) -> str:
     """Write one event in the caller's open transaction; return its event id.
 
@@ -113,9 +118,10 @@ async def write(
     events: events with one key are published in the order they were written. Raises
     :class:`~jobfence.errors.EnqueueError` for a bad event or an event id already in the
     outbox (without aborting the transaction). ``schema``: where jobfence's tables are on
-    PostgreSQL (default ``$JOBFENCE_SCHEMA``, else ``core``).
+    PostgreSQL (default ``$JOBFENCE_SCHEMA``, else ``core``). ``priority``: the priority of
+    the event's job, 0 (the default) to 9, higher runs first (docs/flow-control.md).
     """
-    params = _event(queue, payload, event_id, key, correlation_id)
+    params = _event(queue, payload, event_id, key, correlation_id, priority)
     tx = await adopt_async(
         connection,
         doing="write an outbox event",
@@ -137,6 +143,7 @@ async def write_at_commit(
     event_id: str | None = None,
     key: str | None = None,
     correlation_id: str | None = None,
+    priority: int = DEFAULT_PRIORITY,
 ) -> str:
     """:func:`write` in a transaction from :meth:`Database.work <jobfence.db.Database.work>`
     (e.g. ``idempotency_of(request).transaction``): the event goes to the server with the
@@ -144,7 +151,7 @@ async def write_at_commit(
     event id already in the outbox then fails the commit (the whole transaction rolls back)
     instead of raising here, so leave ``event_id`` to the default (a new UUID) or make it
     unique yourself. Returns the event id."""
-    params = _event(queue, payload, event_id, key, correlation_id)
+    params = _event(queue, payload, event_id, key, correlation_id, priority)
     with _creating(params, tx.dialect) as trace_context:
         params["trace_context"] = trace_context
         await tx.q_at_commit("outbox_write_at_commit", params)
@@ -160,10 +167,11 @@ def write_sync(
     key: str | None = None,
     correlation_id: str | None = None,
     schema: str | None = None,
+    priority: int = DEFAULT_PRIORITY,
 ) -> str:
     """:func:`write` for synchronous code: a psycopg ``Connection``, an ``sqlite3.Connection``
     or a plain ``def`` handler's ``tx``, inside a transaction the caller commits."""
-    params = _event(queue, payload, event_id, key, correlation_id)
+    params = _event(queue, payload, event_id, key, correlation_id, priority)
     adopted = SyncConnection(connection, doing="write an outbox event", schema=schema)
     with _creating(params, adopted.dialect) as trace_context:
         params["trace_context"] = trace_context

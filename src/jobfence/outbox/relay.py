@@ -54,6 +54,8 @@ class OutboxEvent:
     claim: Any = None
     #: the W3C trace context of the event's ``create`` span; its job carries it
     trace_context: str | None = None
+    #: the priority its job gets (``outbox.write(..., priority=)``)
+    priority: int = 0
 
     def job(self) -> OutgoingJob:
         return OutgoingJob(
@@ -62,6 +64,7 @@ class OutboxEvent:
             self.payload,
             self.correlation_id,
             trace_context=self.trace_context,
+            priority=self.priority,
         )
 
 
@@ -447,6 +450,7 @@ class Relay:
                 attempts=int(row["attempts"]),
                 claim=row["claim_token"],
                 trace_context=row["trace_context"],
+                priority=int(row["priority"]),
             )
             for row in rows
         ]
@@ -488,6 +492,7 @@ class Relay:
                     payload=bytes(row["payload"] or b""),
                     attempts=int(row["attempts"]),
                     trace_context=row["trace_context"],
+                    priority=int(row["priority"]),
                 )
                 for row in rows
             ]

@@ -136,6 +136,7 @@ class JobSummary:
     last_category: str | None
     partner: str | None
     payload_size: int
+    priority: int = 0  # 0 to 9, higher runs first
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -216,6 +217,7 @@ def _summary(row: Mapping[str, Any]) -> JobSummary:
         last_category=row["last_category"],
         partner=row["partner"],
         payload_size=int(row["payload_size"]),
+        priority=int(row["priority"]),
     )
 
 

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 
-from ..core.jobs import Delivery, OutgoingJob
+from ..core.jobs import DEFAULT_PRIORITY, Delivery, OutgoingJob
 from ..db import Database, Tx
 from ..errors import (
     Category,
@@ -58,6 +58,18 @@ def check_payload_sizes(
             )
 
 
+def check_no_priorities(jobs: Sequence[OutgoingJob], transport: str, why: str) -> None:
+    """Raise :class:`EnqueueError` for the first job with a priority other than the default:
+    a transport that would deliver it in plain order refuses it rather than ignore it."""
+    for job in jobs:
+        if job.priority != DEFAULT_PRIORITY:
+            raise EnqueueError(
+                f"job {job.job_id[:60]!r} has priority {job.priority}, but the {transport} "
+                f"transport cannot deliver by priority ({why}); enqueue it without a priority, "
+                'or use a transport that has them (docs/flow-control.md "Priorities")'
+            )
+
+
 class Transport(ABC):
     """The queue port (SPEC Q1)."""
 
@@ -67,6 +79,11 @@ class Transport(ABC):
     shares_database: bool = False
     #: The database holding the queue's table (the database queue), else None (a broker).
     queue_db: Database | None = None
+    #: Whether jobs of a higher priority are delivered first (``enqueue(priority=)``); a
+    #: transport without refuses any priority but the default (:meth:`check_payloads`).
+    priorities: bool = False
+    #: Why :attr:`priorities` is False, and what to do (shown in the refusal).
+    no_priorities_reason: str = "this broker has no message priorities"
 
     @property
     def max_payload(self) -> int | None:
@@ -95,9 +112,12 @@ class Transport(ABC):
         return self.queue_db
 
     def check_payloads(self, jobs: Sequence[OutgoingJob]) -> None:
-        """:class:`EnqueueError` if a job's payload is over :attr:`max_payload` (called before
-        anything of ``jobs`` is sent, so a refused batch enqueues nothing)."""
+        """:class:`EnqueueError` if a job's payload is over :attr:`max_payload`, or it has a
+        priority this transport cannot keep (called before anything of ``jobs`` is sent, so a
+        refused batch enqueues nothing)."""
         check_payload_sizes(jobs, self.max_payload, self.name, self.max_payload_reason)
+        if not self.priorities:
+            check_no_priorities(jobs, self.name, self.no_priorities_reason)
 
     async def open(self) -> None:
         """Connect. Called once before use."""

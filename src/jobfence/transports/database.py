@@ -84,6 +84,12 @@ def database_max_payload_reason(dialect: str) -> str:
     )
 
 
+#: Every this many claim rounds, a worker claims by age alone (``claim_by_age``), priorities
+#: aside: a due job then waits at most for the due jobs older than it, never for newer ones
+#: of a higher priority, so no priority is starved (docs/flow-control.md "Priorities").
+AGE_ROUND_EVERY = 10
+
+
 #: from this many jobs on, a bulk enqueue on PostgreSQL uses COPY instead of batched INSERTs
 COPY_THRESHOLD = 64
 
@@ -103,10 +109,12 @@ async def enqueue(tx: Tx, jobs: Sequence[OutgoingJob]) -> None:
                 p["payload"],
                 p["partner"],
                 p["trace_context"],
+                p["priority"],
             )
             for p in params
         )
-        await tx.copy("copy_jobs", rows, ["text", "text", "text", "bytea", "text", "text"])
+        types = ["text", "text", "text", "bytea", "text", "text", "int2"]
+        await tx.copy("copy_jobs", rows, types)
     else:
         await tx.qmany("enqueue", params)
 
@@ -120,6 +128,8 @@ def enqueue_sync(conn: Any, jobs: Sequence[OutgoingJob], dialect: Dialect, schem
 
 class DatabaseQueue(Transport):
     """Jobs as rows of ``core.jobs`` in the given database."""
+
+    priorities = True
 
     def __init__(
         self,
@@ -143,6 +153,7 @@ class DatabaseQueue(Transport):
         # at once would find nothing (PostgreSQL only, where enqueues notify)
         self._drained: tuple[str, ...] | None = None
         self._reads = ShieldedFetch()
+        self._rounds = 0  # claim rounds so far (AGE_ROUND_EVERY)
 
     def _queues_param(self, queues: Sequence[str]) -> Any:
         return self.db.array(queues)
@@ -192,8 +203,11 @@ class DatabaseQueue(Transport):
                 self._wake.set()
 
     async def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        # every AGE_ROUND_EVERY-th round by age alone: the bound on starving a low priority
+        self._rounds += 1
+        by_age = self._rounds % AGE_ROUND_EVERY == 0
         rows = await self.db.run(
-            "claim",
+            "claim_by_age" if by_age else "claim",
             {
                 "queues": self._queues_param(queues),
                 "limit": limit,
@@ -214,6 +228,7 @@ class DatabaseQueue(Transport):
                 token=row["lease_token"],
                 ref=row["id"],
                 trace_context=row["trace_context"],
+                priority=int(row["priority"]),
             )
             for row in rows
         ]
@@ -313,6 +328,7 @@ class DatabaseQueue(Transport):
                 "history": history_json(delivery.history),
                 "partner": partner_of(delivery.payload),
                 "trace_context": delivery.trace_context,
+                "priority": delivery.priority,
                 "category": category.value,
                 "error": error,
                 "trace": trace,

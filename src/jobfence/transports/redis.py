@@ -124,6 +124,9 @@ class RedisTransport(Transport):
     """Jobs as entries of Redis streams, read by one consumer group."""
 
     name = "redis"
+    no_priorities_reason = (
+        "a Redis stream is read in the order it was written; jobfence does not sort it"
+    )
     shares_database = False
 
     def __init__(

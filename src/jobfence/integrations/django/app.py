@@ -20,6 +20,7 @@ from django.utils.connection import ConnectionDoesNotExist
 from ... import outbox
 from ...app import App
 from ...config import parse_database_url
+from ...core.jobs import DEFAULT_PRIORITY
 from ...core.retry import RetryPolicy
 from ...errors import ConfigurationError, EnqueueError
 from ...runtime.harness import Handler
@@ -166,6 +167,7 @@ class DjangoApp(App):
         job_id: str | None = None,
         correlation_id: str | None = None,
         delay: timedelta | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
         connection: Any = None,
         session: Any = None,
     ) -> str:
@@ -185,6 +187,7 @@ class DjangoApp(App):
             job_id=job_id,
             correlation_id=correlation_id,
             delay=delay,
+            priority=priority,
             connection=self._raw(connection) if session is None else connection,
             session=session,
         )
@@ -198,6 +201,7 @@ class DjangoApp(App):
         key: str | None = None,
         correlation_id: str | None = None,
         connection: Any = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> str:
         """Write an outbox event on Django's connection (see :func:`jobfence.outbox.write_sync`):
         inside ``transaction.atomic()`` it exists only if the block commits; ``jobfence relay``
@@ -210,6 +214,7 @@ class DjangoApp(App):
             key=key,
             correlation_id=correlation_id,
             schema=self.url.schema,
+            priority=priority,
         )
 
 

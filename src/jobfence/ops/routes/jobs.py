@@ -46,6 +46,7 @@ class JobSummary(BaseModel):
     last_category: str | None
     partner: str | None
     payload_size: int
+    priority: int = Field(description="0 to 9, higher runs first (0: the default).")
 
     @classmethod
     def of(cls, job: jobctl.JobSummary) -> JobSummary:

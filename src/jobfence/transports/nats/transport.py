@@ -58,6 +58,9 @@ class NatsTransport(NatsTopology, Transport):
     """Jobs as messages in NATS JetStream work-queue streams."""
 
     name = "nats"
+    no_priorities_reason = (
+        "a JetStream consumer delivers in stream order; NATS has no message priorities"
+    )
     shares_database = False
     #: seconds to wait for a JetStream API answer
     api_timeout = API_TIMEOUT

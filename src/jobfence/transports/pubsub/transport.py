@@ -39,6 +39,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
     """Jobs as messages of Google Cloud Pub/Sub topics, pulled from one shared subscription."""
 
     name = "pubsub"
+    no_priorities_reason = "Pub/Sub delivers in no particular order and has no message priorities"
     shares_database = False
 
     def __init__(

@@ -7,7 +7,7 @@
 
 -- name: jobs_list
 SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, worker_id,
-       lease_expires_at, partner, octet_length(payload) AS payload_size,
+       lease_expires_at, partner, priority, octet_length(payload) AS payload_size,
        history -> -1 ->> 'error' AS last_error, history -> -1 ->> 'category' AS last_category,
        history <> '[]'::jsonb AS failed
 FROM core.jobs
@@ -29,7 +29,7 @@ LIMIT %(limit)s
 
 -- name: job_get
 SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, worker_id,
-       lease_expires_at, partner, octet_length(payload) AS payload_size,
+       lease_expires_at, partner, priority, octet_length(payload) AS payload_size,
        history -> -1 ->> 'error' AS last_error, history -> -1 ->> 'category' AS last_category,
        history <> '[]'::jsonb AS failed, payload, history, run_at > now() AS scheduled,
        trace_context
@@ -41,7 +41,7 @@ FROM core.jobs WHERE id = %(id)s
 -- long as the handler works (its transaction acks it first), and an operator's cancel must
 -- answer at once ("running"), not wait for the handler.
 SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, worker_id,
-       lease_expires_at, partner, octet_length(payload) AS payload_size,
+       lease_expires_at, partner, priority, octet_length(payload) AS payload_size,
        history -> -1 ->> 'error' AS last_error, history -> -1 ->> 'category' AS last_category,
        history <> '[]'::jsonb AS failed, payload, history, run_at > now() AS scheduled,
        trace_context

@@ -1,11 +1,49 @@
 -- The database queue: enqueue, claim, leases, retries, acks (jobfence.transports.database).
 
 -- name: enqueue
-INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at, partner, trace_context)
+INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at, partner, trace_context,
+                       priority)
 VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s,
-        now() + make_interval(secs => %(delay)s), %(partner)s, %(trace_context)s)
+        now() + make_interval(secs => %(delay)s), %(partner)s, %(trace_context)s, %(priority)s)
 
 -- name: claim
+-- Highest priority first, then oldest (run_at, id). One ordered index range per queue (an ANY(...) over the queues would read every available
+-- row and sort them), the oldest first across queues; paused queues are skipped. Each queue's
+-- range locks at most per_queue rows (jobfence.transports.database.per_queue_limit): every
+-- row a range takes is locked before the outer LIMIT keeps the oldest, so over 100 queues a
+-- range of the whole limit each would lock 100 times what the claim returns.
+WITH candidates AS (
+    SELECT c.id, c.priority, c.run_at
+    FROM (SELECT u.name FROM unnest(%(queues)s::text[]) AS u(name)
+          WHERE NOT EXISTS (SELECT 1 FROM core.queue_pauses AS p WHERE p.queue = u.name)) AS q
+    CROSS JOIN LATERAL (
+        -- jobs_priority_idx (queue, priority DESC, run_at, id); run_at <= now() is checked on
+        -- the index entries (a job scheduled later is stepped over without reading its row)
+        SELECT id, priority, run_at FROM core.jobs
+        WHERE state = 'available' AND queue = q.name AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT %(per_queue)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+)
+UPDATE core.jobs AS j SET
+    state = 'running',
+    attempts = j.attempts + 1,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => %(lease)s),
+    worker_id = %(worker_id)s
+-- by primary key (= ANY of an array): a join with the candidates is planned as a hash over a
+-- sequential scan of core.jobs below ~60 000 rows, every claim reading the whole queue
+WHERE j.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
+RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
+          j.enqueued_at, j.lease_token, j.history, j.trace_context, j.priority
+
+-- name: claim_by_age
+-- The claim by age alone, priorities aside (jobs_available_idx): a worker's every
+-- jobfence.transports.database.AGE_ROUND_EVERY-th claim round, so that a low priority is
+-- never starved (docs/flow-control.md "Priorities"). Otherwise as claim.
 -- One ordered index range per queue (an ANY(...) over the queues would read every available
 -- row and sort them), the oldest first across queues; paused queues are skipped. Each queue's
 -- range locks at most per_queue rows (jobfence.transports.database.per_queue_limit): every
@@ -35,7 +73,7 @@ UPDATE core.jobs AS j SET
 -- sequential scan of core.jobs below ~60 000 rows, every claim reading the whole queue
 WHERE j.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
 RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
-          j.enqueued_at, j.lease_token, j.history, j.trace_context
+          j.enqueued_at, j.lease_token, j.history, j.trace_context, j.priority
 
 -- name: next_run_at
 SELECT extract(epoch FROM (min(n.run_at) - now()))::float8 AS wait
@@ -141,7 +179,7 @@ FROM input AS i LEFT JOIN acked AS a ON a.id = i.id
 -- A job of a batch failed and will be retried: its queue row (deleted by the batch's ack) is
 -- written again, scheduled, with this attempt in its history.
 INSERT INTO core.jobs (queue, job_id, correlation_id, payload, attempts, run_at, enqueued_at,
-                       history, partner, trace_context)
+                       history, partner, trace_context, priority)
 VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(attempts)s,
         now() + make_interval(secs => %(delay)s), coalesce(%(enqueued_at)s, now()),
         %(history)s::jsonb || jsonb_build_array(jsonb_build_object(
@@ -152,9 +190,9 @@ VALUES (%(queue)s, %(job_id)s, %(correlation_id)s, %(payload)s, %(attempts)s,
             'retry_at', to_char((now() + make_interval(secs => %(delay)s)) AT TIME ZONE 'UTC',
                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
             || jsonb_strip_nulls(jsonb_build_object('trace', %(trace)s::text))),
-        %(partner)s, %(trace_context)s)
+        %(partner)s, %(trace_context)s, %(priority)s)
 
 -- name: copy_jobs
 -- Bulk enqueue (no delays): binary COPY; run_at and enqueued_at take their defaults.
-COPY core.jobs (queue, job_id, correlation_id, payload, partner, trace_context)
+COPY core.jobs (queue, job_id, correlation_id, payload, partner, trace_context, priority)
 FROM STDIN (FORMAT BINARY)

@@ -1,17 +1,19 @@
 -- The transactional outbox and its relay (jobfence.outbox, jobfence.outbox.relay).
 
 -- name: outbox_write
-INSERT INTO core.outbox (event_id, queue, ordering_key, correlation_id, payload, trace_context)
+INSERT INTO core.outbox (event_id, queue, ordering_key, correlation_id, payload, trace_context,
+                         priority)
 VALUES (%(event_id)s, %(queue)s, %(ordering_key)s, %(correlation_id)s, %(payload)s,
-        %(trace_context)s)
+        %(trace_context)s, %(priority)s)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
 -- name: outbox_write_at_commit
 -- outbox.write_at_commit: sent with the COMMIT; an event id already there fails the commit.
-INSERT INTO core.outbox (event_id, queue, ordering_key, correlation_id, payload, trace_context)
+INSERT INTO core.outbox (event_id, queue, ordering_key, correlation_id, payload, trace_context,
+                         priority)
 VALUES (%(event_id)s, %(queue)s, %(ordering_key)s, %(correlation_id)s, %(payload)s,
-        %(trace_context)s)
+        %(trace_context)s, %(priority)s)
 
 -- name: outbox_claim
 -- Claim a batch of ready events. An event with an ordering key is ready only when every
@@ -35,7 +37,7 @@ UPDATE core.outbox AS o SET
     relay_id = %(relay_id)s
 WHERE o.id = ANY(ARRAY(SELECT id FROM candidates))  -- the primary key, not a scan of the table
 RETURNING o.id, o.event_id, o.queue, o.ordering_key, o.correlation_id, o.payload, o.attempts,
-          o.claim_token, o.trace_context
+          o.claim_token, o.trace_context, o.priority
 
 -- name: outbox_relay_to_jobs
 -- The relay's path when its transport is the job table in this same database: claim a batch
@@ -62,13 +64,14 @@ WITH candidates AS (
         relay_id = %(relay_id)s
     WHERE o.id = ANY(ARRAY(SELECT id FROM candidates))
     RETURNING o.id, o.event_id, o.queue, o.ordering_key, o.correlation_id, o.payload,
-              o.attempts, o.trace_context
+              o.attempts, o.trace_context, o.priority
 ), queued AS (
-    INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at, trace_context)
-    SELECT queue, event_id, correlation_id, payload, now(), trace_context FROM moved ORDER BY id
+    INSERT INTO core.jobs (queue, job_id, correlation_id, payload, run_at, trace_context, priority)
+    SELECT queue, event_id, correlation_id, payload, now(), trace_context, priority
+    FROM moved ORDER BY id
 )
 SELECT id, event_id, queue, ordering_key, correlation_id,
-       CASE WHEN %(with_payload)s THEN payload END AS payload, attempts, trace_context
+       CASE WHEN %(with_payload)s THEN payload END AS payload, attempts, trace_context, priority
 FROM moved
 ORDER BY id
 
@@ -105,7 +108,8 @@ UPDATE core.outbox SET
     claim_token = NULL,
     claim_expires_at = NULL
 WHERE id = ANY(%(ids)s) AND state = 'PENDING'
-RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, trace_context
+RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, trace_context,
+          priority
 
 -- name: outbox_mark_failed
 UPDATE core.outbox SET

@@ -3,7 +3,7 @@
 
 -- name: jobs_list
 SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, worker_id,
-       lease_expires_at, partner, length(payload) AS payload_size,
+       lease_expires_at, partner, priority, length(payload) AS payload_size,
        json_extract(history, '$[#-1].error') AS last_error,
        json_extract(history, '$[#-1].category') AS last_category,
        history <> '[]' AS failed
@@ -26,7 +26,7 @@ LIMIT :limit
 
 -- name: job_get
 SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, worker_id,
-       lease_expires_at, partner, length(payload) AS payload_size,
+       lease_expires_at, partner, priority, length(payload) AS payload_size,
        json_extract(history, '$[#-1].error') AS last_error,
        json_extract(history, '$[#-1].category') AS last_category,
        history <> '[]' AS failed, payload, history, run_at > {NOW} AS scheduled,
@@ -36,7 +36,7 @@ FROM core_jobs WHERE id = :id
 -- name: job_lock
 -- SQLite has one writer: the action's transaction holds the write lock.
 SELECT id, queue, job_id, correlation_id, state, attempts, run_at, enqueued_at, worker_id,
-       lease_expires_at, partner, length(payload) AS payload_size,
+       lease_expires_at, partner, priority, length(payload) AS payload_size,
        json_extract(history, '$[#-1].error') AS last_error,
        json_extract(history, '$[#-1].category') AS last_category,
        history <> '[]' AS failed, payload, history, run_at > {NOW} AS scheduled,

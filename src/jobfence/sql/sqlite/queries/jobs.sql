@@ -2,11 +2,36 @@
 
 -- name: enqueue
 INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner,
-                       trace_context)
+                       trace_context, priority)
 VALUES (:queue, :job_id, :correlation_id, :payload, {NOW} + :delay, {NOW}, :partner,
-        :trace_context)
+        :trace_context, :priority)
 
 -- name: claim
+-- Highest priority first, then oldest. Each served queue is one range of
+-- core_jobs_priority_idx read in its order, so the sort for the LIMIT stops after :limit
+-- entries of each queue; left to itself the planner would take the due range of
+-- core_jobs_available_idx (run_at is unary-plussed so that it does not) and sort every due
+-- job of the queue.
+UPDATE core_jobs SET
+    state = 'running',
+    attempts = attempts + 1,
+    lease_token = lower(hex(randomblob(16))),
+    lease_expires_at = {NOW} + :lease,
+    worker_id = :worker_id
+WHERE id IN (
+    SELECT id FROM core_jobs INDEXED BY core_jobs_priority_idx
+    WHERE state = 'available' AND queue IN (SELECT value FROM json_each(:queues))
+      AND queue NOT IN (SELECT queue FROM core_queue_pauses)
+      AND +run_at <= {NOW}
+    ORDER BY priority DESC, run_at, id
+    LIMIT :limit
+)
+RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lease_token,
+          history, trace_context, priority
+
+-- name: claim_by_age
+-- By age alone, priorities aside: a worker's every AGE_ROUND_EVERY-th claim round
+-- (docs/flow-control.md "Priorities"). Otherwise as claim.
 UPDATE core_jobs SET
     state = 'running',
     attempts = attempts + 1,
@@ -22,7 +47,7 @@ WHERE id IN (
     LIMIT :limit
 )
 RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lease_token,
-          history, trace_context
+          history, trace_context, priority
 
 -- name: next_run_at
 SELECT min(run_at) - {NOW} AS wait

@@ -2,18 +2,18 @@
 
 -- name: outbox_write
 INSERT INTO core_outbox (event_id, queue, ordering_key, correlation_id, payload,
-                         next_attempt_at, created_at, trace_context)
+                         next_attempt_at, created_at, trace_context, priority)
 VALUES (:event_id, :queue, :ordering_key, :correlation_id, :payload, {NOW}, {NOW},
-        :trace_context)
+        :trace_context, :priority)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
 -- name: outbox_write_at_commit
 -- outbox.write_at_commit (runs at once on SQLite); an event id already there fails it.
 INSERT INTO core_outbox (event_id, queue, ordering_key, correlation_id, payload,
-                         next_attempt_at, created_at, trace_context)
+                         next_attempt_at, created_at, trace_context, priority)
 VALUES (:event_id, :queue, :ordering_key, :correlation_id, :payload, {NOW}, {NOW},
-        :trace_context)
+        :trace_context, :priority)
 
 -- name: outbox_claim
 UPDATE core_outbox SET
@@ -32,7 +32,7 @@ WHERE id IN (
     LIMIT :limit
 )
 RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, claim_token,
-          trace_context
+          trace_context, priority
 
 -- name: outbox_next_attempt
 SELECT min(max(next_attempt_at, coalesce(claim_expires_at, {NOW}))) - {NOW} AS wait
@@ -46,7 +46,8 @@ UPDATE core_outbox SET
     claim_token = NULL,
     claim_expires_at = NULL
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'PENDING'
-RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, trace_context
+RETURNING id, event_id, queue, ordering_key, correlation_id, payload, attempts, trace_context,
+          priority
 
 -- name: outbox_mark_failed
 UPDATE core_outbox SET
