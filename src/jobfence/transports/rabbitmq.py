@@ -21,7 +21,17 @@ without an answer: a killed worker, a lease that ran out).
 URL options (removed before connecting): ``prefetch`` (default 20), ``delivery_limit``
 (default 20; keep it above the policies' attempts), ``max_message_size`` (the server's
 ``max_message_size`` when it is not the default of its version: 128 MiB on 3.8–3.13, 16 MiB
-from 4.0).
+from 4.0), ``max_priority`` (default 0: no priorities).
+
+Priorities (``max_priority=N``, 1–9): a quorum queue refuses ``x-max-priority`` (the
+server answers PRECONDITION_FAILED) and RabbitMQ 3.x quorum queues have no message
+priorities at all, so jobs of priority ``p`` > 0 go to a lane of their own,
+``jobfence.priority.Q.<p>`` — a quorum queue with ``Q``'s arguments, dead-lettering to the
+same ``jobfence.exhausted.Q`` — and priority 0 stays on ``Q`` (the queue is never declared
+again with other arguments). A worker consumes ``Q`` and its lanes, and each fetch takes the
+highest priority it holds, the oldest first within it; every ``AGE_ROUND_EVERY``-th pick
+takes the oldest it holds whatever its priority, so a low priority is not starved. Order is
+kept among what the worker holds: ``prefetch`` messages per lane (docs/flow-control.md).
 """
 
 from __future__ import annotations
@@ -43,8 +53,8 @@ import aio_pika
 import aio_pika.abc
 import aiormq.exceptions
 
-from ..core.jobs import Delivery, OutgoingJob
-from ..errors import Category, ConfigurationError
+from ..core.jobs import MAX_PRIORITY, Delivery, OutgoingJob
+from ..errors import Category, ConfigurationError, EnqueueError
 from . import Transport
 from ._broker import Meta, Options, retry_record
 
@@ -102,6 +112,16 @@ def delay_name(queue: str, ms: int) -> str:
     return f"jobfence.delay.{queue}.{ms}"
 
 
+def lane_name(queue: str, priority: int) -> str:
+    """The quorum queue that holds ``queue``'s jobs of ``priority`` (0: ``queue`` itself)."""
+    return queue if priority == 0 else f"jobfence.priority.{queue}.{priority}"
+
+
+#: Every this many picks from what a worker holds, it takes the oldest whatever its priority
+#: (the same bound as the database queue's claim rounds by age).
+AGE_ROUND_EVERY = 10
+
+
 @dataclass
 class _Held:
     message: aio_pika.abc.AbstractIncomingMessage
@@ -123,7 +143,20 @@ class RabbitMQTransport(Transport):
         prefetch: int = 20,
         delivery_limit: int = 20,
         max_message_size: int | None = None,
+        max_priority: int = 0,
     ) -> None:
+        if not 0 <= max_priority <= MAX_PRIORITY:
+            raise ConfigurationError(
+                f"rabbitmq URL option max_priority={max_priority}: use 1 to {MAX_PRIORITY} "
+                "(0, the default: no priorities)"
+            )
+        self.max_priority = max_priority
+        self.priorities = max_priority > 0
+        self.no_priorities_reason = (
+            "its quorum queues have no message priorities; add ?max_priority=9 to the "
+            "transport URL of every app and worker of the queue for priority lanes"
+        )
+        self._picks = 0  # fetch picks so far (AGE_ROUND_EVERY)
         self.url = url
         self.lease = lease
         self.worker_id = worker_id
@@ -138,7 +171,8 @@ class RabbitMQTransport(Transport):
         self._declare_lock = asyncio.Lock()
         self._consuming: set[str] = set()
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
-        self._buffer: deque[tuple[str, aio_pika.abc.AbstractIncomingMessage]] = deque()
+        # (queue, priority, message) in the order they arrived
+        self._buffer: deque[tuple[str, int, aio_pika.abc.AbstractIncomingMessage]] = deque()
         self._ready = asyncio.Event()
         self._held: dict[int, _Held] = {}
         self._tokens = itertools.count(1)
@@ -150,6 +184,7 @@ class RabbitMQTransport(Transport):
         prefetch = options.integer("prefetch", 20, minimum=1)
         limit = options.integer("delivery_limit", 20, minimum=1)
         size = options.integer("max_message_size", 0, minimum=0)
+        max_priority = options.integer("max_priority", 0, minimum=0)
         return cls(
             options.remaining_url(),
             lease=lease,
@@ -157,6 +192,7 @@ class RabbitMQTransport(Transport):
             prefetch=prefetch,
             delivery_limit=limit,
             max_message_size=size or None,
+            max_priority=max_priority,
         )
 
     # -- connection -------------------------------------------------------------------------
@@ -186,9 +222,9 @@ class RabbitMQTransport(Transport):
                 with contextlib.suppress(Exception):
                     await queue_obj.cancel(tag)
             buffered, self._buffer = list(self._buffer), deque()
-            for queue, message in buffered:
+            for queue, priority, message in buffered:
                 with contextlib.suppress(Exception):
-                    delivery = self._delivery(queue, message)
+                    delivery = self._delivery(queue, priority, message)
                     self._held[delivery.token] = _Held(message, time.monotonic())
                     await self._republish(delivery, attempts=delivery.attempt - 1, delay=0.0)
             with contextlib.suppress(Exception):
@@ -227,18 +263,28 @@ class RabbitMQTransport(Transport):
     # -- topology ---------------------------------------------------------------------------
 
     def arguments(self, queue: str) -> dict[str, dict[str, Any]]:
-        """The declared arguments of ``queue``'s work and exhausted queues."""
-        return {
-            queue: {
-                "x-queue-type": "quorum",
-                "x-delivery-limit": self.delivery_limit,
-                "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": exhausted_name(queue),
-                "x-dead-letter-strategy": "at-least-once",
-                "x-overflow": "reject-publish",
-            },
-            exhausted_name(queue): {"x-queue-type": "quorum"},
+        """The declared arguments of ``queue``'s work and exhausted queues, and of its
+        priority lanes (``max_priority``), which are work queues like ``queue``."""
+        work = {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": self.delivery_limit,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": exhausted_name(queue),
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
         }
+        lanes = {lane_name(queue, p): work for p in range(1, self.max_priority + 1)}
+        return {queue: work, exhausted_name(queue): {"x-queue-type": "quorum"}, **lanes}
+
+    def check_payloads(self, jobs: Sequence[OutgoingJob]) -> None:
+        super().check_payloads(jobs)
+        for job in jobs:
+            if job.priority > self.max_priority > 0:
+                raise EnqueueError(
+                    f"job {job.job_id[:60]!r} has priority {job.priority}, above the "
+                    f"transport URL's max_priority={self.max_priority}; raise max_priority "
+                    "(on every app and worker of the queue) or enqueue it lower"
+                )
 
     def delay_arguments(self, queue: str, ms: int) -> dict[str, Any]:
         return {
@@ -270,13 +316,14 @@ class RabbitMQTransport(Transport):
         for name, arguments in self.arguments(queue).items():
             await self._declare(name, arguments)
 
-    async def _route(self, queue: str, delay: float) -> str:
+    async def _route(self, queue: str, delay: float, priority: int = 0) -> str:
         await self.declare(queue)
+        target = lane_name(queue, min(priority, self.max_priority))
         ms = delay_bucket(delay)
         if ms == 0:
-            return queue
-        name = delay_name(queue, ms)
-        await self._declare(name, self.delay_arguments(queue, ms))
+            return target
+        name = delay_name(target, ms)
+        await self._declare(name, self.delay_arguments(target, ms))
         return name
 
     # -- publishing -------------------------------------------------------------------------
@@ -297,7 +344,7 @@ class RabbitMQTransport(Transport):
         await self._ensure_publisher()
         for start in range(0, len(jobs), PUBLISH_BATCH):
             chunk = jobs[start : start + PUBLISH_BATCH]
-            routes = [await self._route(job.queue, job.delay) for job in chunk]
+            routes = [await self._route(job.queue, job.delay, job.priority) for job in chunk]
             await asyncio.gather(
                 *(
                     self._send(route, job.payload, Meta.new(job))
@@ -308,7 +355,7 @@ class RabbitMQTransport(Transport):
     async def _republish(self, delivery: Delivery, *, attempts: int, delay: float) -> None:
         """Publish a new copy of ``delivery`` (confirmed), then ack the old one."""
         meta = Meta.again(delivery, attempts=attempts, history=delivery.history)
-        route = await self._route(delivery.queue, delay)
+        route = await self._route(delivery.queue, delay, delivery.priority)
         await self._send(route, delivery.payload, meta)
         await self._settle(delivery, ack=True)
 
@@ -360,28 +407,45 @@ class RabbitMQTransport(Transport):
             if queue in self._consuming:
                 continue
             await self.declare(queue)
-            for name in (queue, exhausted_name(queue)):
+            lanes = [(lane_name(queue, p), p) for p in range(1, self.max_priority + 1)]
+            for name, priority in [(queue, 0), (exhausted_name(queue), 0), *lanes]:
                 q = await self._sub.declare_queue(name, passive=True)
-                tag = await q.consume(self._on_message(queue), no_ack=False)
+                tag = await q.consume(self._on_message(queue, priority), no_ack=False)
                 self._consumers.append((q, tag))
             self._consuming.add(queue)
 
-    def _on_message(self, queue: str) -> Any:
+    def _on_message(self, queue: str, priority: int) -> Any:
         async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-            self._buffer.append((queue, message))
+            self._buffer.append((queue, priority, message))
             self._ready.set()
 
         return on_message
 
-    def _delivery(self, queue: str, message: aio_pika.abc.AbstractIncomingMessage) -> Delivery:
+    def _delivery(
+        self, queue: str, priority: int, message: aio_pika.abc.AbstractIncomingMessage
+    ) -> Delivery:
         headers = dict(message.headers or {})
         meta = Meta.read(headers, fallback_job_id=message.message_id or "")
         returned = _int(headers.get("x-delivery-count"))
         # through jobfence.exhausted.Q: each such death took delivery_limit + 1 deliveries
-        lost_before = _limit_deaths(headers, queue) * (self.delivery_limit + 1)
+        works = {lane_name(queue, p) for p in range(self.max_priority + 1)}
+        lost_before = _limit_deaths(headers, works) * (self.delivery_limit + 1)
         attempt = meta.attempts + lost_before + returned + 1
         token = next(self._tokens)
-        return meta.delivery(queue, message.body, attempt, token=token, ref=message)
+        delivery = meta.delivery(queue, message.body, attempt, token=token, ref=message)
+        delivery.priority = priority
+        return delivery
+
+    def _pick(self) -> tuple[str, int, aio_pika.abc.AbstractIncomingMessage]:
+        """The next held message: the highest priority, the oldest within it; every
+        AGE_ROUND_EVERY-th pick the oldest of all (no priority starves)."""
+        self._picks += 1
+        if self.max_priority == 0 or self._picks % AGE_ROUND_EVERY == 0:
+            return self._buffer.popleft()
+        best = max(range(len(self._buffer)), key=lambda i: (self._buffer[i][1], -i))
+        chosen = self._buffer[best]
+        del self._buffer[best]
+        return chosen
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         if limit <= 0:
@@ -395,8 +459,8 @@ class RabbitMQTransport(Transport):
         found: list[Delivery] = []
         deadline = time.monotonic() + self.lease.total_seconds()
         while self._buffer and len(found) < limit:
-            queue, message = self._buffer.popleft()
-            delivery = self._delivery(queue, message)
+            queue, priority, message = self._pick()
+            delivery = self._delivery(queue, priority, message)
             self._held[delivery.token] = _Held(message, deadline)
             found.append(delivery)
         return found
@@ -430,7 +494,7 @@ class RabbitMQTransport(Transport):
     ) -> None:
         record = retry_record(delivery, delay, category, error, trace)
         meta = Meta.again(delivery, attempts=delivery.attempt, history=[*delivery.history, record])
-        route = await self._route(delivery.queue, delay.total_seconds())
+        route = await self._route(delivery.queue, delay.total_seconds(), delivery.priority)
         await self._send(route, delivery.payload, meta)
         await self._settle(delivery, ack=True)
 
@@ -467,8 +531,9 @@ def _int(value: Any) -> int:
         return 0
 
 
-def _limit_deaths(headers: dict[str, Any], queue: str) -> int:
-    """How often RabbitMQ dead-lettered this message from ``queue`` for its delivery limit."""
+def _limit_deaths(headers: dict[str, Any], queues: set[str]) -> int:
+    """How often RabbitMQ dead-lettered this message from ``queues`` (a queue and its
+    priority lanes) for its delivery limit."""
     total = 0
     for death in headers.get("x-death") or []:
         if not isinstance(death, dict):
@@ -479,6 +544,6 @@ def _limit_deaths(headers: dict[str, Any], queue: str) -> int:
             reason = reason.decode()
         if isinstance(where, bytes):
             where = where.decode()
-        if reason == "delivery_limit" and where == queue:
+        if reason == "delivery_limit" and where in queues:
             total += int(death.get("count") or 0)
     return total
