@@ -25,6 +25,7 @@ from .core.codec import Decoder, Schema
 from .core.fence import DEFAULT_FENCE_TTL
 from .core.jobs import DEFAULT_PRIORITY, OutgoingJob, check_queue, outgoing_job
 from .core.leases import default_holder
+from .core.limits import Limit, check_limit
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
 from .db.adopt import adopt_async, connect_sync
@@ -200,6 +201,7 @@ class App:
         name: str | None = None,
         retry: RetryPolicy | None = None,
         isolated: bool = False,
+        limit: Limit | None = None,
     ) -> Callable[[H], H]:
         """Register ``handler(job, tx)`` for ``queue``.
 
@@ -209,8 +211,11 @@ class App:
         ``isolated=True``: each job gets a transaction of its own, never a share of a group
         commit (for handlers that hold transaction-wide state: ``SET LOCAL``, advisory or
         table locks, hot rows other jobs wait on, ``COPY``; see docs/concepts.md).
+        ``limit``: a :class:`~jobfence.Limit` — at most ``concurrency`` jobs running at once
+        and ``rate`` starts per period, per key, across every worker (docs/flow-control.md).
         """
         check_queue(queue)
+        flow_limit = check_limit(limit)
         if queue in self.consumers:
             raise ConfigurationError(f"queue {queue!r} already has a consumer")
         policy = retry or DEFAULT_POLICY
@@ -240,6 +245,7 @@ class App:
                 wants_session=session,
                 host=self._session_host,
                 isolated=isolated,
+                limit=flow_limit,
             )
             self._check_ttl()
             return handler
@@ -510,6 +516,7 @@ class App:
         ``session``'s)."""
         if not jobs:
             return
+        jobs = self._keyed(jobs)
         connection = _one_of(connection, session)
         if connection is None:
             if current_tx.get() is not None and self.url.dialect == "sqlite":
@@ -533,6 +540,19 @@ class App:
         _check_database_payloads(jobs, tx.dialect)
         with self._sending(jobs, tx.dialect) as traced:
             await database_queue.enqueue(tx, traced)
+
+    def _keyed(self, jobs: Sequence[OutgoingJob]) -> Sequence[OutgoingJob]:
+        """``jobs`` with their flow key when their queue's consumer here has a Limit (the
+        claim needs it; a worker keys what an app without the limit enqueued)."""
+        if not any(c.limit is not None for c in self.consumers.values()):
+            return jobs
+        keyed = list(jobs)
+        for index, job in enumerate(keyed):
+            consumer = self.consumers.get(job.queue)
+            if consumer is not None and consumer.limit is not None and job.flow_key is None:
+                key = consumer.limit.key_of(job.payload, consumer.decoder.decode)
+                keyed[index] = dataclasses.replace(job, flow_key=key)
+        return keyed
 
     async def _publish(self, transport: Transport, jobs: Sequence[OutgoingJob]) -> None:
         transport.check_payloads(jobs)
@@ -583,6 +603,7 @@ class App:
             delay=delay,
             priority=priority,
         )
+        job = self._keyed([job])[0]
         if isinstance(connection, SyncTx):
             connection.run_sync(self.enqueue_many([job], connection=connection.async_tx))
             return job.job_id

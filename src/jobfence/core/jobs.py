@@ -116,6 +116,8 @@ class Delivery:
     #: its priority (:data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`, higher runs first); a
     #: copy the transport writes again (a retry, a hand-back) keeps it
     priority: int = DEFAULT_PRIORITY
+    #: its flow-control key, when its transport knows it (the database queue's limited claim)
+    flow_key: str | None = None
 
 
 class CallLedger(Protocol):
@@ -331,6 +333,9 @@ class OutgoingJob:
     trace_context: str | None = None
     #: :data:`MIN_PRIORITY` (the default) to :data:`MAX_PRIORITY`; higher runs first
     priority: int = DEFAULT_PRIORITY
+    #: its flow-control key (the consumer's Limit), when the enqueuing app knows it; else the
+    #: worker's keying pass writes it (jobfence.runtime.flow)
+    flow_key: str | None = None
 
     def params(self) -> dict[str, Any]:
         return {
@@ -342,6 +347,7 @@ class OutgoingJob:
             "partner": partner_of(self.payload),
             "trace_context": self.trace_context,
             "priority": self.priority,
+            "flow_key": self.flow_key,
         }
 
 

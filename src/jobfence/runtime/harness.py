@@ -36,9 +36,12 @@ from ..core import fence
 from ..core.codec import Decoder
 from ..core.fence import FenceOutcome
 from ..core.jobs import Delivery, Job
+from ..core.leases import default_holder
+from ..core.limits import Limit
 from ..core.retry import Decision, RetryPolicy
 from ..db import BatchLost, Database, SyncTx, Tx, WorkSource, current_tx
 from ..errors import (
+    BackOff,
     Category,
     HandlerError,
     PoisonPayload,
@@ -54,6 +57,7 @@ from ..review.letters import DEFAULT_PAYLOAD_LIMIT
 from ..tracing import Tracing
 from ..transports import Transport
 from . import hosted
+from .flow import hold, key_for
 
 log = logging.getLogger("jobfence.harness")
 
@@ -67,6 +71,7 @@ class Outcome(enum.Enum):
     DEAD = "dead"
     LOST = "lost"
     FAILED_TO_RECORD = "failed_to_record"  # the store was unreachable; the lease will redeliver
+    DEFERRED = "deferred"  # flow control: back later, no attempt consumed (a BackOff)
 
 
 #: a group-commit transaction is expected to stay open about this long at most: under a
@@ -95,6 +100,8 @@ class Consumer:
     host: hosted.WorkHost | None = None
     #: never share a group-commit transaction: each job gets one of its own
     isolated: bool = False
+    #: flow control: concurrency and rate per key (docs/flow-control.md)
+    limit: Limit | None = None
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -489,6 +496,12 @@ class Harness:
     ) -> Outcome:
         """A job of a batch failed; its savepoint is rolled back. Undo its fence and ack, and
         write its retry or dead letter, all in the batch's transaction."""
+        if isinstance(exc, BackOff):
+            if self.fence_enabled:
+                await fence.unclaim_tx(tx, consumer.name, delivery.job_id)
+            delay = await self._hold_key(delivery, consumer, exc, tx)
+            await self.transport.defer_tx(tx, delivery, delay, f"back-off: {exc.reason}")
+            return Outcome.DEFERRED
         failure = self._decide(delivery, consumer, exc)
         category, decision, error = failure.category, failure.decision, failure.error
         if self.fence_enabled:
@@ -583,7 +596,54 @@ class Harness:
         )
         return Failure(category, decision, describe(exc), trace_of(exc), expected)
 
+    async def _hold_key(
+        self, delivery: Delivery, consumer: Consumer, exc: BackOff, tx: Tx | None = None
+    ) -> timedelta:
+        """A handler raised :class:`BackOff`: hold its job's key on every worker (on a
+        consumer with a Limit; without one only this job waits) and return how long this
+        job waits (the key's hold from now: a longer one in place stays)."""
+        if consumer.limit is None:
+            return exc.delay
+        key = delivery.flow_key
+        if key is None:
+            key = key_for(consumer.limit, delivery.payload, consumer.decoder.decode)
+        held = await hold(
+            self.transport.jobs_db or self.db,
+            delivery.queue,
+            key,
+            kind="backoff",
+            seconds=exc.delay.total_seconds(),
+            reason=exc.reason,
+            held_by=default_holder(),
+            tx=tx,
+        )
+        log.info(
+            "a handler backed off: its key is held",
+            extra={
+                "job_id": delivery.job_id,
+                "queue": delivery.queue,
+                "key": key,
+                "held_s": held,
+                "reason": exc.reason,
+            },
+        )
+        return exc.delay if held is None else max(timedelta(seconds=held), exc.delay)
+
+    async def _back_off(self, delivery: Delivery, consumer: Consumer, exc: BackOff) -> Outcome:
+        try:
+            delay = await self._hold_key(delivery, consumer, exc)
+            await self.transport.defer(delivery, delay, note=f"back-off: {exc.reason}")
+        except Exception:
+            log.exception(
+                "could not record a back-off; the job returns when its lease expires",
+                extra={"job_id": delivery.job_id, "correlation_id": delivery.correlation_id},
+            )
+            return Outcome.FAILED_TO_RECORD
+        return Outcome.DEFERRED
+
     async def _failed(self, delivery: Delivery, consumer: Consumer, exc: Exception) -> Outcome:
+        if isinstance(exc, BackOff):
+            return await self._back_off(delivery, consumer, exc)
         failure = self._decide(delivery, consumer, exc)
         category, decision, error = failure.category, failure.decision, failure.error
         if not decision.retry:

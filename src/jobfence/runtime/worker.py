@@ -22,9 +22,11 @@ from typing import Any
 
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from ..core.jobs import Delivery
+from ..core.leases import default_holder
 from ..metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
 from . import holding
 from .context import Runtime, RuntimeSource
+from .flow import FlowControl
 from .harness import Harness, Outcome
 from .health import Health, register, unregister
 from .maintenance import housekeeping
@@ -36,6 +38,8 @@ log = logging.getLogger("jobfence.worker")
 NAMED_JOBS = 5
 #: how long cancelled jobs get to roll back and be handed back before the worker stops anyway
 CANCEL_TIMEOUT = 10.0
+#: flow control's keying pass runs at most this often (seconds)
+KEYING_INTERVAL = 0.2
 
 
 @dataclass
@@ -137,6 +141,9 @@ class Worker:
         #: jobs cancelled at the end of the grace or by a forced stop (rolled back, handed back)
         self.cancelled = 0
 
+        #: flow control over the limited queues among ``queues`` (set by run(); None: none)
+        self.flow: FlowControl | None = None
+        self._keyed_at = 0.0
         #: what /livez and /readyz report for this worker (jobfence.runtime.health)
         self.health = Health("worker")
         self._inflight_reported = 0
@@ -216,6 +223,13 @@ class Worker:
             unregister(self.health)
             raise
         self._runtime = rt = self.app.runtime
+        limits = {
+            q: c.limit for q, c in rt.consumers.items() if c.limit is not None and q in self.queues
+        }
+        rt.transport.use_limits(limits)
+        if limits:
+            flow_db = rt.transport.jobs_db or rt.db
+            self.flow = FlowControl(flow_db, limits, holder=default_holder())
         WORKERS.inc()
         WORKER_SLOTS.inc(self.concurrency)
         loop = asyncio.get_running_loop()
@@ -299,6 +313,7 @@ class Worker:
                 per_slot = harness.batch_limit(self.batch_size)
                 free = (self.concurrency - len(self._inflight)) * per_slot
                 prefetch = self.concurrency * per_slot if self.prefetch is None else self.prefetch
+                await self._key_jobs()
                 self._buffer.extend(await self._fetch(free + prefetch))
             except Exception:
                 log.exception("fetch failed; retrying shortly")
@@ -308,6 +323,22 @@ class Worker:
         # stopping: what was claimed but never started goes back, without costing an attempt
         while self._buffer:
             await self._give_back(self._buffer.popleft())
+
+    async def _key_jobs(self) -> None:
+        """The keying pass of flow control (at most every ``KEYING_INTERVAL``): jobs of a
+        limited database queue enqueued without their key get it, so the claim can take them."""
+        flow = self.flow
+        if flow is None or self.runtime.transport.jobs_db is None:
+            return
+        now = time.monotonic()
+        if now - self._keyed_at < KEYING_INTERVAL:
+            return
+        self._keyed_at = now
+        keyed = 0
+        for queue in flow.limits:
+            keyed += await flow.key_jobs(queue, self.runtime.consumers[queue].decoder.decode)
+        if keyed:
+            self.runtime.transport.wake()
 
     async def _fetch(self, limit: int) -> list[Delivery]:
         """Fetch, but give up as soon as a stop is requested (a fetch may be queued behind a
@@ -347,7 +378,7 @@ class Worker:
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[list[Outcome]]) -> None:
-        self._inflight.pop(task, None)
+        batch = self._inflight.pop(task, None)
         self._began.pop(task, None)
         if task.cancelled():
             return
@@ -358,9 +389,13 @@ class Worker:
         outcomes = task.result()
         for outcome in outcomes:
             self.stats.outcomes[outcome] += 1
-        if Outcome.RETRY in outcomes:
+        if Outcome.RETRY in outcomes or Outcome.DEFERRED in outcomes:
             # a waiting fetch looked for the next due job before this retry was written:
             # wake it, so that it reads the retry's due time instead of sleeping a full poll
+            self.runtime.transport.wake()
+        elif self.flow is not None and batch and any(d.queue in self.flow.limits for d in batch):
+            # a limited queue's job ended: its key has room again (a waiting fetch may wait
+            # for a lease's end, the latest that room comes back)
             self.runtime.transport.wake()
 
     async def _give_back(self, delivery: Delivery) -> None:
@@ -470,6 +505,8 @@ class Worker:
             while True:
                 try:
                     await self.runtime.transport.maintenance()
+                    if self.flow is not None:
+                        await self.flow.prune()
                 except Exception:
                     log.exception("queue maintenance failed")
                 await asyncio.sleep(interval)

@@ -14,10 +14,11 @@ transaction.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from ..core.jobs import DEFAULT_PRIORITY, Delivery, OutgoingJob
+from ..core.limits import Limit
 from ..db import Database, Tx
 from ..errors import (
     Category,
@@ -192,6 +193,23 @@ class Transport(ABC):
         """:meth:`retry` inside the work transaction ``tx``, for a delivery already acked in
         it (group commit). Only a queue in the fence's database can (:attr:`queue_db`)."""
         raise ConfigurationError(f"the {self.name} transport cannot retry inside a transaction")
+
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
+        """Deliver again after ``delay`` without consuming an attempt (flow control: the
+        job's key is held or full). ``note``: the history records the deferral (None: the
+        history is untouched). The database queue refunds the attempt in its row; this
+        default (until a broker has its own) retries it, which counts the attempt."""
+        await self.retry(delivery, delay, Category.TEMPORARY_ERROR, note or "deferred")
+
+    async def defer_tx(self, tx: Tx, delivery: Delivery, delay: timedelta, note: str) -> None:
+        """:meth:`defer` inside the work transaction ``tx`` for a delivery already acked in
+        it (group commit). Only a queue in the fence's database can."""
+        raise ConfigurationError(f"the {self.name} transport cannot defer inside a transaction")
+
+    def use_limits(self, limits: Mapping[str, Limit]) -> None:
+        """The consumers' flow limits (queue → Limit), set by the worker before it fetches:
+        the database queue enforces them in its claim; a broker ignores them (the harness
+        admits its deliveries through jobfence.runtime.flow)."""
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         """Renew the leases of deliveries still being worked on (heartbeat)."""
