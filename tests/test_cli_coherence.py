@@ -282,6 +282,8 @@ def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
         "queues pause": ["queues", "pause", "q"],
         "queues list": ["queues", "list"],
         "queues resume": ["queues", "resume", "q"],
+        "queues pause-key": ["queues", "pause-key", "q", "acme", "--reason", "r"],
+        "queues resume-key": ["queues", "resume-key", "q", "acme"],
         "dead-letters replay-report": ["dead-letters", "replay-report", "1"],
         "outbox list": ["outbox", "list"],
         "outbox show": ["outbox", "show", "evt-1"],

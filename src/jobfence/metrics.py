@@ -148,11 +148,43 @@ WORKER_INFLIGHT = Gauge(
     "jobfence_worker_inflight_jobs", "Jobs this process's workers are running now."
 )
 
+# Flow control (issue 26 §5; docs/flow-control.md "Seeing it"). A key label names one of the
+# 10 busiest keys of its queue (jobfence.runtime.flow_view.METRIC_KEYS, by jobs running then
+# waiting) or "(other)" for the rest: at most 11 key values per queue and reason, however many
+# partners there are.
+FLOW_SLOTS_IN_USE = Gauge(
+    "jobfence_flow_slots_in_use",
+    "Concurrency slots taken per key of a queue with a Limit: jobs running with a live lease "
+    'and broker deliveries\' slots (the 10 busiest keys, the rest as key="(other)").',
+    ["queue", "key"],
+)
+FLOW_DEFERRED_JOBS = Gauge(
+    "jobfence_flow_deferred_jobs",
+    "Jobs waiting on a key that may not start more now, by reason: hold (paused or backing "
+    "off), concurrency (its slots are taken), rate (its window is full); database queue.",
+    ["queue", "reason", "key"],
+)
+FLOW_KEYS_HELD = Gauge(
+    "jobfence_flow_keys_held",
+    "Keys held now per queue, by kind: pause (an operator) or backoff (a handler's BackOff).",
+    ["queue", "kind"],
+)
+FLOW_DEFERRALS = Counter(
+    "jobfence_flow_deferrals",
+    "Deliveries flow control put back without running them (no attempt used), by reason "
+    "(concurrency, rate, backoff, pause, unavailable) and key (the first 10 keys of a queue "
+    'this process saw, the rest as key="(other)").',
+    ["queue", "reason", "key"],
+)
+#: keys per queue the deferral counter names in one process (first seen), the rest "(other)"
+FLOW_COUNTER_KEYS = 10
+
 
 class MetricsObserver(Observer):
     def __init__(self, consumers: dict[str, str]) -> None:
         self._consumers = consumers  # queue -> consumer name
         self._processed: dict[str, tuple[Any, Any]] = {}
+        self._deferral_keys: dict[str, set[str]] = {}  # queue -> the keys it names
 
     def _consumer(self, queue: str) -> str:
         return self._consumers.get(queue, "?")
@@ -192,6 +224,14 @@ class MetricsObserver(Observer):
 
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         LOST.labels(delivery.queue).inc()
+
+    def job_deferred(
+        self, delivery: Delivery, consumer: str, reason: str, key: str, delay: timedelta
+    ) -> None:
+        named = self._deferral_keys.setdefault(delivery.queue, set())
+        if key not in named and len(named) < FLOW_COUNTER_KEYS:
+            named.add(key)
+        FLOW_DEFERRALS.labels(delivery.queue, reason, key if key in named else "(other)").inc()
 
     def call_finished(self, job: Job[Any], consumer: str, step: str, outcome: str) -> None:
         CALLS.labels(job.queue, consumer, step, outcome).inc()

@@ -376,6 +376,8 @@ async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:
         "/v1/dead-letters/{letter_id}/replay",
         "/v1/discards",
         "/v1/discards/run",
+        "/v1/flow",
+        "/v1/flow/keys/{action}",
         "/v1/jobs",
         "/v1/jobs/by-job-id/{job_id}",
         "/v1/jobs/{job}",

@@ -1,4 +1,5 @@
-"""``jobfence jobs list|show|cancel|retry-now``, ``jobfence queues list|pause|resume`` and
+"""``jobfence jobs list|show|cancel|retry-now``, ``jobfence queues
+list|pause|resume|pause-key|resume-key`` and
 ``jobfence dead-letters discard-matching``: the CLI twins of the console's jobs and queues
 pages and of ``/v1/jobs``, ``/v1/queues`` and ``/v1/discards``, thin over
 :mod:`jobfence.review.jobctl` and :mod:`jobfence.review.discards`.
@@ -394,6 +395,60 @@ def _pause_or_resume(action: str) -> click.Command:
 
 pause = _pause_or_resume("pause")
 resume = _pause_or_resume("resume")
+
+
+def _pause_or_resume_key(action: str) -> click.Command:
+    doc = (
+        "Pause one KEY of QUEUE (a queue with a Limit; the key is e.g. a partner id): every "
+        "worker stops claiming its jobs and brokers defer its deliveries, while the queue's "
+        "other keys go on (running jobs finish)."
+        if action == "pause"
+        else "Resume a paused KEY of QUEUE: workers claim its jobs again at once."
+    )
+
+    @queues_group.command(f"{action}-key", help=doc)
+    @click.argument("queue")
+    @click.argument("key")
+    @database_option
+    @transport_option
+    @click.option("--reason", help="Why (optional; audited).")
+    @actor_option
+    @json_option
+    def command(
+        queue: str,
+        key: str,
+        database_url: str | None,
+        transport: str | None,
+        reason: str | None,
+        actor: str,
+        as_json: bool,
+    ) -> None:
+        async def go() -> None:
+            app = make_app(database_url, transport)
+            async with app:
+                # the key's hold lives with its jobs: the queue's database, or for a broker
+                # the app's (where its flow state is)
+                jobs_db = app.transport.jobs_db
+                if action == "pause":
+                    await jobctl.pause_key(
+                        app.db, queue, key, actor=_who(actor), reason=reason, jobs_db=jobs_db
+                    )
+                else:
+                    await jobctl.resume_key(
+                        app.db, queue, key, actor=_who(actor), reason=reason, jobs_db=jobs_db
+                    )
+
+        run(go())
+        if as_json:
+            emit_json({"queue": queue, "key": key, "paused": action == "pause"})
+        else:
+            console.print(f"key {key} of queue {queue} {action}d")
+
+    return command
+
+
+pause_key = _pause_or_resume_key("pause")
+resume_key = _pause_or_resume_key("resume")
 
 
 @dead_letters.command("discard-matching")

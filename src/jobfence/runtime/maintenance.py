@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from ..alerts import AlertDispatcher, AlertSink, sinks_from_env
+from ..core.limits import Limit
 from ..db import Database
 from ..errors import ConfigurationError
 from ..review.stats import refresh_gauges
 from .cleanup import DEFAULT_BATCH, DEFAULT_INTERVAL, cleanup_loop
+from .flow_view import refresh_flow_gauges
 from .partitions import days_loop
 
 log = logging.getLogger("jobfence.maintenance")
@@ -57,13 +59,20 @@ async def _gauges_loop(
     jobs_db: Database | None,
     interval: timedelta,
     calls_db: Callable[[], Database | None],
+    flow_limits: Mapping[str, Limit] | None = None,
 ) -> None:
-    """Every worker reads the gauges (docs/metrics.md: why not one reader per database)."""
+    """Every worker reads the gauges (docs/metrics.md: why not one reader per database), and
+    the flow gauges of the queues it serves with a Limit."""
     while True:
         try:
             await refresh_gauges(db, jobs_db, calls_db())
         except Exception as exc:
             log.error("refreshing the database gauges failed: %s", exc)
+        if flow_limits:
+            try:
+                await refresh_flow_gauges(jobs_db or db, flow_limits)
+            except Exception as exc:
+                log.error("refreshing the flow gauges failed: %s", exc)
         await asyncio.sleep(interval.total_seconds())
 
 
@@ -75,12 +84,14 @@ async def housekeeping(
     min_age: timedelta,
     fence_ttl: timedelta,
     calls_db: Callable[[], Database | None] = lambda: None,
+    flow_limits: Mapping[str, Limit] | None = None,
 ) -> None:
     """A worker's background duties, until cancelled: on PostgreSQL the fence partitions of
     the days ahead (``fence_ttl`` says which), fence cleanup (never of a fence younger than
     ``min_age``), alert delivery and the database gauges (``jobs_db``: the database holding
     the jobs, the transport's job-control view, None: ``db``; ``calls_db``: the call ledger's
-    database once it is open), as ``settings`` say. Never raises."""
+    database once it is open; ``flow_limits``: the Limits of the queues it serves, for the
+    flow gauges), as ``settings`` say. Never raises."""
     async with asyncio.TaskGroup() as group:
         if db.dialect == "postgresql":
             group.create_task(
@@ -113,6 +124,6 @@ async def housekeeping(
                     dispatcher.run(interval=settings.alert_interval), name="jobfence-alerts"
                 )
         group.create_task(
-            _gauges_loop(db, jobs_db, settings.gauges_interval, calls_db),
+            _gauges_loop(db, jobs_db, settings.gauges_interval, calls_db, flow_limits),
             name="jobfence-gauges",
         )

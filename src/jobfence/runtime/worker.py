@@ -521,6 +521,7 @@ class Worker:
                     min_age=self.runtime.redelivery_exposure,
                     fence_ttl=self.runtime.fence_ttl,
                     calls_db=lambda: ledger.opened if (ledger := self.runtime.ledger) else None,
+                    flow_limits=self.flow.limits if self.flow is not None else None,
                 ),
                 name="jobfence-housekeeping",
             )

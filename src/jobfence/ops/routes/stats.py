@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ...app import App
 from ...db import Database
 from ...review import stats as counts
+from ...runtime.flow_view import limits_of, refresh_flow_gauges
 from .. import models
 from ..auth import Principal
 from ..deps import APP, DB, VIEWER, actor_of
@@ -61,6 +62,9 @@ async def metrics(who: Principal = VIEWER, jf: App = APP) -> Response:
             "this token's numbers are at GET /v1/stats",
         )
     await counts.refresh_gauges(jf.db, jf.transport.jobs_db)
+    limits = limits_of(jf.consumers)
+    if limits:
+        await refresh_flow_gauges(jf.transport.jobs_db or jf.db, limits)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from ...app import App
 from ...errors import InvalidRequest
 from ...review import discards, jobctl
+from ...runtime.flow_view import QueueFlow, limits_of, queue_flows
 from ..deps import MAX_ID, jobfence_app
 from .letters import form_time, letter_filter, read_form
 from .render import link, page, payload_view, plural, redirect
@@ -151,7 +152,49 @@ async def queues(request: Request, user: User = SIGNED_IN) -> Response:
     known = served(jf)
     found = await jobctl.list_queues(jf.db, actor=actor, served=known, jobs_db=qdb)
     unserved = jobctl.unserved_among(found)  # the jobs are counted once
-    return page(request, "queues.html", user, queues=found, unserved=unserved)
+    flows = await _flows(jf, actor.partner)
+    return page(request, "queues.html", user, queues=found, unserved=unserved, flows=flows)
+
+
+async def _flows(jf: App, partner: str | None) -> list[QueueFlow]:
+    """The limited queues of the app, how full each key is and what waits; a partner-scoped
+    user sees its own key only."""
+    flows = await queue_flows(jf.transport.jobs_db or jf.db, limits_of(jf.consumers))
+    if partner is None:
+        return flows
+    return [
+        QueueFlow(
+            f.queue,
+            f.limit,
+            [k for k in f.keys if k.key == partner],
+            0,
+            [h for h in f.holds if h.key == partner],
+        )
+        for f in flows
+    ]
+
+
+@router.post("/ui/flow/{action}-key")
+async def pause_or_resume_key(request: Request, action: str, user: User = OPERATOR) -> Response:
+    """Pause or resume one key of a limited queue (the form names the queue and the key)."""
+    jf = jobfence_app(request)
+    form = await read_form(request)
+    act = {"pause": jobctl.pause_key, "resume": jobctl.resume_key}.get(action)
+    if act is None:
+        raise Refused(404, f"no key action {action!r}")
+    queue, key = form.get("queue") or "", form.get("key")
+    if not queue or key is None:
+        raise InvalidRequest("a key action names the queue and the key")
+    await act(
+        jf.db,
+        queue,
+        key,
+        actor=actor_of(user.principal),
+        reason=form.get("reason") or None,
+        jobs_db=jf.transport.jobs_db,
+    )
+    await flash(request, user, "ok", f"Key {key or '(whole queue)'} of queue {queue} {action}d")
+    return redirect("/ui/queues")
 
 
 @router.post("/ui/queues/{queue:path}/{action}")
