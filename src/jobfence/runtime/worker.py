@@ -313,6 +313,10 @@ class Worker:
                 per_slot = harness.batch_limit(self.batch_size)
                 free = (self.concurrency - len(self._inflight)) * per_slot
                 prefetch = self.concurrency * per_slot if self.prefetch is None else self.prefetch
+                if self.flow is not None and self.prefetch is None:
+                    # a claimed job holds its key's slot and has used its start of the rate
+                    # while it waits in the buffer: with limits, claim for free slots only
+                    prefetch = 0
                 await self._key_jobs()
                 self._buffer.extend(await self._fetch(free + prefetch))
             except Exception:

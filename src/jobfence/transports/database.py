@@ -220,13 +220,15 @@ class DatabaseQueue(Transport):
         return found
 
     async def _claim_limited(self, queue: str, limit: int) -> list[Delivery]:
-        """The claim of a queue with a Limit: under its flow lock, due jobs of keys with room,
-        and their starts recorded, in one transaction (``flow_claim`` in jobs.sql)."""
+        """The claim of a queue with a Limit: under its flow lock, a killed worker's expired
+        jobs handed back (their slots free from their lease's end), due jobs of keys with
+        room claimed and their starts recorded, in one transaction (``flow_claim``)."""
         flow = self.limits[queue]
         rate = flow.rate
         async with self.db.transaction() as tx:
             if tx.dialect == "postgresql":
                 await tx.q("flow_lock", {"queue": queue})
+            await tx.q("flow_reap", {"queue": queue})
             rows = await tx.q(
                 "flow_claim",
                 {
