@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -59,7 +59,7 @@ async def seed(app: App, url: str) -> None:
     )
     db = app.transport.jobs_db or app.db
     async with db.transaction() as tx:
-        await flow.record_starts(tx, db, "orders", ["globex"] * 3)
+        await flow.record_starts(tx, db, "orders", ["globex"] * 3, db.at(datetime.now(UTC)))
     await flow.hold(
         db, "orders", "initech", kind="backoff", seconds=120, reason="partner 429", held_by="w1"
     )

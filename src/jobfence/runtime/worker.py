@@ -393,10 +393,14 @@ class Worker:
             # a waiting fetch looked for the next due job before this retry was written:
             # wake it, so that it reads the retry's due time instead of sleeping a full poll
             self.runtime.transport.wake()
-        elif self.flow is not None and batch and any(d.queue in self.flow.limits for d in batch):
-            # a limited queue's job ended: its key has room again (a waiting fetch may wait
-            # for a lease's end, the latest that room comes back)
+        elif self.flow is not None and batch and any(self._frees_slot(d) for d in batch):
+            # a job of a queue with a concurrency limit ended: its key has room again (a
+            # waiting fetch may wait for a lease's end, the latest that room comes back)
             self.runtime.transport.wake()
+
+    def _frees_slot(self, delivery: Delivery) -> bool:
+        limit = self.flow.limits.get(delivery.queue) if self.flow is not None else None
+        return limit is not None and limit.concurrency is not None
 
     async def _give_back(self, delivery: Delivery) -> None:
         try:

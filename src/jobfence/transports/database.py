@@ -230,13 +230,15 @@ class DatabaseQueue(Transport):
         return found
 
     async def _claim_limited(self, queue: str, limit: int) -> list[Delivery]:
-        """The claim of a queue with a Limit: under its flow lock, due jobs of keys with room,
-        and their starts recorded, in one transaction (``flow_claim`` in jobs.sql)."""
+        """The claim of a queue with a Limit: under its flow lock, a killed worker's expired
+        jobs handed back (their slots free from their lease's end), due jobs of keys with
+        room claimed and their starts recorded, in one transaction (``flow_claim``)."""
         flow = self.limits[queue]
         rate = flow.rate
         async with self.db.transaction() as tx:
             if tx.dialect == "postgresql":
                 await tx.q("flow_lock", {"queue": queue})
+            await tx.q("flow_reap", {"queue": queue})
             rows = await tx.q(
                 "flow_claim",
                 {
@@ -251,8 +253,12 @@ class DatabaseQueue(Transport):
                 },
             )
             if rows and rate is not None:
+                # at the time the claim counted the window (the earliest of its rows' clock
+                # on SQLite): a claim's own duration never shifts the next window
                 keys = [row["flow_key"] for row in rows]
-                await tx.q("flow_record_starts", {"queue": queue, "keys": self.db.array(keys)})
+                at = min(row["claimed_at"] for row in rows)
+                params = {"queue": queue, "keys": self.db.array(keys), "at": at}
+                await tx.q("flow_record_starts", params)
         return self._deliveries(rows)
 
     async def _claim_plain(self, queues: Sequence[str], limit: int) -> list[Delivery]:

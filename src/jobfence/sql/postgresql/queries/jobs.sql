@@ -78,18 +78,17 @@ RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
 
 -- name: flow_claim
 -- The claim of one queue with a Limit (jobfence.runtime.flow), under the queue's flow lock
--- (flow_lock, taken first in the same transaction): due jobs of keys that are not held and
--- have room, at most room per key (concurrency: running jobs with a live lease, so a killed
--- worker's jobs stop counting when their lease runs out; rate: starts in the window of
--- `per` that ends now, in core.flow_starts), the oldest first. Saturated keys are filtered
+-- (flow_lock, taken first in the same transaction, then flow_reap): due jobs of keys that are
+-- not held and have room, at most room per key (concurrency: running jobs; rate: starts in
+-- the window of `per` that ends now, in core.flow_starts), the oldest first. Saturated keys are filtered
 -- out before the LIMIT of the scan, so their jobs never stand in front of other keys'. The
--- caller records the starts (flow_record_starts) in the same transaction.
+-- caller records the starts at claimed_at, the time the window was counted
+-- (flow_record_starts), in the same transaction.
 WITH clock AS (SELECT clock_timestamp() AS now),
 busy AS (
     SELECT j.flow_key AS key, count(*) AS n
-    FROM core.jobs AS j, clock AS c
-    WHERE j.queue = %(queue)s AND j.state = 'running' AND j.lease_expires_at > c.now
-      AND j.flow_key IS NOT NULL
+    FROM core.jobs AS j
+    WHERE j.queue = %(queue)s AND j.state = 'running' AND j.flow_key IS NOT NULL
     GROUP BY j.flow_key
 ),
 recent AS (
@@ -135,14 +134,42 @@ UPDATE core.jobs AS j SET
     worker_id = %(worker_id)s
 WHERE j.id = ANY(ARRAY(SELECT p.id FROM picked AS p)) AND j.state = 'available'
 RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
-          j.enqueued_at, j.lease_token, j.history, j.trace_context, j.flow_key, j.priority
+          j.enqueued_at, j.lease_token, j.history, j.trace_context, j.flow_key,
+          j.priority, (SELECT c.now FROM clock AS c) AS claimed_at
+
+-- name: flow_reap
+-- First in a limited claim's transaction: the queue's running jobs whose lease ran out and
+-- that no work transaction holds (their worker was killed or lost) go back to available, so
+-- their slots are free again the moment their lease ends (a job working past its lease
+-- holds its row locked: skipped, still counted).
+WITH expired AS (
+    SELECT id FROM core.jobs
+    WHERE state = 'running' AND queue = %(queue)s AND lease_expires_at < now()
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE core.jobs AS j SET
+    state = 'available',
+    run_at = now(),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    history = j.history || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempts,
+        'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'category', 'TECHNICAL_ERROR',
+        'error', 'lease expired: the worker ' || coalesce(j.worker_id, '?')
+                 || ' stopped renewing it (killed or lost)')),
+    worker_id = NULL
+FROM expired AS e
+WHERE j.id = e.id
+RETURNING j.id
 
 -- name: flow_next_run
 -- When a limited queue can next give a job, in seconds from now (NULL: no keyed job waits;
 -- infinity: only paused keys wait): per key with available jobs, the latest of its first
 -- job's run_at, its back-off's end, the moment its oldest start leaves the rate's window
--- (when the window is full) and its first lease's end (when its slots are all taken: a
--- slot freed by a job's end wakes the worker sooner).
+-- (when the window is full) and its first live lease's end (when its slots are all taken;
+-- a job working past its lease holds its row locked and renews nothing: no end is known,
+-- and a job's end wakes its own worker, the others poll).
 WITH clock AS (SELECT clock_timestamp() AS now),
 waiting AS (
     SELECT j.flow_key AS key, min(j.run_at) AS first_run
@@ -151,10 +178,11 @@ waiting AS (
     GROUP BY j.flow_key
 ),
 busy AS (
-    SELECT j.flow_key AS key, count(*) AS n, min(j.lease_expires_at) AS first_end
+    SELECT j.flow_key AS key, count(*) AS n,
+           coalesce(min(j.lease_expires_at) FILTER (WHERE j.lease_expires_at > c.now),
+                    'infinity') AS first_end
     FROM core.jobs AS j, clock AS c
-    WHERE j.queue = %(queue)s AND j.state = 'running' AND j.lease_expires_at > c.now
-      AND j.flow_key IS NOT NULL
+    WHERE j.queue = %(queue)s AND j.state = 'running' AND j.flow_key IS NOT NULL
     GROUP BY j.flow_key
 ),
 recent AS (

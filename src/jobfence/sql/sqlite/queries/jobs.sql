@@ -50,15 +50,14 @@ RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lea
           history, trace_context, priority
 
 -- name: flow_claim
--- The claim of one queue with a Limit (jobfence.runtime.flow); SQLite's one writer makes it
--- and the starts the caller records next (flow_record_starts) one step. Due jobs of keys that
--- are not held and have room, at most room per key (concurrency: running jobs with a live
--- lease; rate: starts in the window of `per` that ends now), the oldest first; saturated
--- keys are filtered out before the LIMIT of the scan.
+-- The claim of one queue with a Limit (jobfence.runtime.flow); SQLite's one writer makes it,
+-- flow_reap before it and the starts the caller records next (flow_record_starts) one step.
+-- Due jobs of keys that are not held and have room, at most room per key (concurrency:
+-- running jobs; rate: starts in the window of `per` that ends now), the oldest first;
+-- saturated keys are filtered out before the LIMIT of the scan.
 WITH busy AS (
     SELECT flow_key AS key, count(*) AS n FROM core_jobs
-    WHERE queue = :queue AND state = 'running' AND lease_expires_at > {NOW}
-      AND flow_key IS NOT NULL
+    WHERE queue = :queue AND state = 'running' AND flow_key IS NOT NULL
     GROUP BY flow_key
 ),
 recent AS (
@@ -102,7 +101,26 @@ UPDATE core_jobs SET
     worker_id = :worker_id
 WHERE id IN (SELECT id FROM picked) AND state = 'available'
 RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lease_token,
-          history, trace_context, flow_key, priority
+          history, trace_context, flow_key, priority, {NOW} AS claimed_at
+
+-- name: flow_reap
+-- First in a limited claim's transaction: the queue's running jobs whose lease ran out (their
+-- worker was killed or lost; no job transaction is open while this one writes) go back to
+-- available, so their slots are free again the moment their lease ends.
+UPDATE core_jobs SET
+    state = 'available',
+    run_at = {NOW},
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    history = json_insert(history, '$[#]', json_object(
+        'attempt', attempts,
+        'at', {NOW_ISO},
+        'category', 'TECHNICAL_ERROR',
+        'error', 'lease expired: the worker ' || coalesce(worker_id, '?')
+                 || ' stopped renewing it (killed or lost)')),
+    worker_id = NULL
+WHERE state = 'running' AND queue = :queue AND lease_expires_at < {NOW}
+RETURNING id
 
 -- name: flow_next_run
 -- When a limited queue can next give a job, in seconds from now (NULL: no keyed job waits;
@@ -115,9 +133,11 @@ WITH waiting AS (
     GROUP BY flow_key
 ),
 busy AS (
-    SELECT flow_key AS key, count(*) AS n, min(lease_expires_at) AS first_end FROM core_jobs
-    WHERE queue = :queue AND state = 'running' AND lease_expires_at > {NOW}
-      AND flow_key IS NOT NULL
+    SELECT flow_key AS key, count(*) AS n,
+           coalesce(min(CASE WHEN lease_expires_at > {NOW} THEN lease_expires_at END), 1e18)
+               AS first_end
+    FROM core_jobs
+    WHERE queue = :queue AND state = 'running' AND flow_key IS NOT NULL
     GROUP BY flow_key
 ),
 recent AS (
