@@ -212,3 +212,37 @@ def _most_in_window(times: list[float], per: float) -> int:
             start += 1
         most = max(most, end - start + 1)
     return most
+
+
+async def test_back_off_inside_a_group_commit_batch(pg_database: str) -> None:
+    """Group commit (PostgreSQL): one job of a batch backs off; its savepoint rolls back, the
+    others of the batch commit, and it is written back deferred, its attempt refunded."""
+    app = App(pg_database)
+    seen: list[Job[Any]] = []
+    done: list[str] = []
+    visible: list[int] = []
+
+    @app.consumer("orders", limit=Limit(concurrency=100, key="partner"))
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        seen.append(job)
+        if job.job_id == "a3" and len([j for j in seen if j.job_id == "a3"]) == 1:
+            # the batch's one statement acked all of its jobs in this transaction: no row of
+            # them is left to see (one job to a transaction would see the seven others)
+            visible.append((await tx.fetchone("SELECT count(*) FROM core.jobs"))[0])  # type: ignore[index]
+            raise BackOff(0.5, reason="partner 429")
+        await tx.execute("SELECT 1")
+        done.append(job.job_id)
+
+    async with app:
+        await app.enqueue_many(
+            [app.job("orders", {"partner_id": "acme"}, job_id=f"a{i}") for i in range(8)]
+        )
+        async with RunningWorker(app, concurrency=1, batch_size=8, batch_window=1.0):
+            await eventually(lambda: len(done) == 8, timeout=20, what="every job done")
+        left = await query(pg_database, "SELECT count(*) FROM core.jobs")
+    assert left == [(0,)]
+    assert visible == [0]  # a3 backed off inside a batch of all eight
+    runs = [j for j in seen if j.job_id == "a3"]
+    assert [j.attempt for j in runs] == [1, 1]
+    assert [h.category for h in runs[1].history] == ["DEFERRED"]
+    assert len(done) == len(set(done)) == 8
