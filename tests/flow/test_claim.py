@@ -212,3 +212,97 @@ def _most_in_window(times: list[float], per: float) -> int:
             start += 1
         most = max(most, end - start + 1)
     return most
+
+
+async def test_back_off_inside_a_group_commit_batch(pg_database: str) -> None:
+    """Group commit (PostgreSQL): one job of a batch backs off; its savepoint rolls back, the
+    others of the batch commit, and it is written back deferred, its attempt refunded."""
+    app = App(pg_database)
+    seen: list[Job[Any]] = []
+    done: list[str] = []
+    visible: list[int] = []
+
+    @app.consumer("orders", limit=Limit(concurrency=100, key="partner"))
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        seen.append(job)
+        if job.job_id == "a3" and len([j for j in seen if j.job_id == "a3"]) == 1:
+            # the batch's one statement acked all of its jobs in this transaction: no row of
+            # them is left to see (one job to a transaction would see the seven others)
+            visible.append((await tx.fetchone("SELECT count(*) FROM core.jobs"))[0])  # type: ignore[index]
+            raise BackOff(0.5, reason="partner 429")
+        await tx.execute("SELECT 1")
+        done.append(job.job_id)
+
+    async with app:
+        await app.enqueue_many(
+            [app.job("orders", {"partner_id": "acme"}, job_id=f"a{i}") for i in range(8)]
+        )
+        async with RunningWorker(app, concurrency=1, batch_size=8, batch_window=1.0):
+            await eventually(lambda: len(done) == 8, timeout=20, what="every job done")
+        left = await query(pg_database, "SELECT count(*) FROM core.jobs")
+    assert left == [(0,)]
+    assert visible == [0]  # a3 backed off inside a batch of all eight
+    runs = [j for j in seen if j.job_id == "a3"]
+    assert [j.attempt for j in runs] == [1, 1]
+    assert [h.category for h in runs[1].history] == ["DEFERRED"]
+    assert len(done) == len(set(done)) == 8
+
+
+async def test_an_idle_worker_waits_for_capacity_without_a_busy_loop(pg_database: str) -> None:
+    """Every key has jobs due and none may start (its rate is spent, it is paused, backed off,
+    or full with a job working past its lease), and another queue is paused: the worker
+    sleeps until capacity can return or its poll, it does not claim in a loop. Measured by
+    the transactions the database commits meanwhile (a busy loop makes thousands a second)."""
+    app = App(pg_database, lease=timedelta(seconds=1))
+    release = asyncio.Event()
+    started: list[str] = []
+    limit = Limit(concurrency=1, rate=Rate(2, per=60), key="partner")
+
+    @app.consumer("orders", limit=limit)
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        started.append(job.job_id)
+        if job.payload["partner_id"] == "busy":
+            await release.wait()  # past its 1 s lease: its row stays locked, its slot held
+
+    @app.consumer("stopped", limit=Limit(concurrency=5))
+    async def never(job: Job[Any], tx: Tx) -> None:
+        raise AssertionError("the queue is paused")
+
+    async with app:
+        db = app.transport.job_control()
+        from jobfence.review import jobctl
+        from jobfence.review.deadletters import Actor
+        from jobfence.runtime.flow import FlowControl
+
+        await jobctl.pause_key(app.db, "orders", "paused", actor=Actor("otto"))
+        await jobctl.pause_queue(app.db, "stopped", actor=Actor("otto"))
+        await FlowControl(db, {"orders": limit}, holder="t").back_off(
+            "orders", "held", timedelta(minutes=1), "partner 429"
+        )
+        await app.enqueue_many(
+            [app.job("orders", {"partner_id": p}, job_id=f"{p}{i}")
+             for i in range(3) for p in ("ratefull", "paused", "held", "busy")]
+            + [app.job("stopped", {}, job_id=f"s{i}") for i in range(3)]
+        )  # fmt: skip
+        async with RunningWorker(app, concurrency=4, poll_interval=0.5):
+            await eventually(
+                lambda: started.count("busy0") == 1 and len(started) == 3,
+                what="busy0 and ratefull's two starts",
+            )
+            await asyncio.sleep(1.5)  # the busy job outlives its lease
+            before = await _commits(pg_database)
+            await asyncio.sleep(3)  # what the worker does while nothing may start
+            after = await _commits(pg_database)
+            assert sorted(started) == ["busy0", "ratefull0", "ratefull1"]
+            release.set()
+    # a poll every 0.5 s (a claim, the next due time, the keying pass) and the heartbeats:
+    # a few dozen; a loop would be thousands
+    assert after - before < 300
+
+
+async def _commits(url: str) -> int:
+    await query(url, "SELECT pg_stat_force_next_flush()")
+    rows = await query(
+        url, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+    )
+    return int(rows[0][0])

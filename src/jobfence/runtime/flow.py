@@ -26,7 +26,6 @@ lock per queue; SQLite: its one writer). See docs/flow-control.md.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -327,8 +326,3 @@ def _deferral(limit: Limit, state: Mapping[str, Any]) -> Deferred | None:
 def key_for(limit: Limit | None, raw: bytes, decode: Callable[[bytes], Any]) -> str:
     """The flow key of a job of a queue with ``limit`` (:data:`QUEUE_KEY` without one)."""
     return QUEUE_KEY if limit is None else limit.key_of(raw, decode)
-
-
-def finite(seconds: float | None) -> float | None:
-    """``seconds`` unless it is None or not finite."""
-    return seconds if seconds is not None and math.isfinite(seconds) else None

@@ -223,10 +223,11 @@ class Worker:
             unregister(self.health)
             raise
         self._runtime = rt = self.app.runtime
-        limits = {
-            q: c.limit for q, c in rt.consumers.items() if c.limit is not None and q in self.queues
-        }
-        rt.transport.use_limits(limits)
+        # every consumer's limit (the transport may serve another worker of this app on other
+        # queues); this worker keys and prunes its own queues
+        every = {q: c.limit for q, c in rt.consumers.items() if c.limit is not None}
+        rt.transport.use_limits(every)
+        limits = {q: limit for q, limit in every.items() if q in self.queues}
         if limits:
             flow_db = rt.transport.jobs_db or rt.db
             self.flow = FlowControl(flow_db, limits, holder=default_holder())

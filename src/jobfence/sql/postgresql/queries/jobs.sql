@@ -175,6 +175,7 @@ waiting AS (
     SELECT j.flow_key AS key, min(j.run_at) AS first_run
     FROM core.jobs AS j
     WHERE j.queue = %(queue)s AND j.state = 'available' AND j.flow_key IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM core.queue_pauses AS p WHERE p.queue = %(queue)s)
     GROUP BY j.flow_key
 ),
 busy AS (

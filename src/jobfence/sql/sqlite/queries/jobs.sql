@@ -130,6 +130,7 @@ RETURNING id
 WITH waiting AS (
     SELECT flow_key AS key, min(run_at) AS first_run FROM core_jobs
     WHERE queue = :queue AND state = 'available' AND flow_key IS NOT NULL
+      AND :queue NOT IN (SELECT queue FROM core_queue_pauses)
     GROUP BY flow_key
 ),
 busy AS (
