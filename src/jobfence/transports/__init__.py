@@ -149,6 +149,14 @@ class Transport(ABC):
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
         """Give a delivery back now (graceful shutdown); ``attempted=False`` refunds it."""
 
+    @abstractmethod
+    async def defer(self, delivery: Delivery, delay: timedelta) -> None:
+        """Put ``delivery`` back on its queue, to be delivered again after ``delay``, without
+        counting this attempt (it never ran: flow control said "not now") and with its
+        history untouched — :meth:`release` with ``attempted=False``, later. At least once:
+        a worker killed while deferring leaves the job on its queue (the old delivery comes
+        back after its lease, or both copies come back and the fence absorbs the second)."""
+
     async def dead_lettered(
         self, delivery: Delivery, *, consumer: str, category: Category, code: str | None
     ) -> None:

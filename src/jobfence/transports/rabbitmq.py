@@ -438,6 +438,12 @@ class RabbitMQTransport(Transport):
         attempts = delivery.attempt if attempted else delivery.attempt - 1
         await self._republish(delivery, attempts=attempts, delay=0.0)
 
+    async def defer(self, delivery: Delivery, delay: timedelta) -> None:
+        """A refunded copy through the delay bucket for ``delay`` (confirmed), then the old
+        message acked: a new message, so its ``x-delivery-count`` starts again and no number
+        of deferrals reaches the delivery limit."""
+        await self._republish(delivery, attempts=delivery.attempt - 1, delay=delay.total_seconds())
+
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         deadline = time.monotonic() + self.lease.total_seconds()
         for delivery in deliveries:

@@ -493,6 +493,15 @@ class RedisTransport(Transport):
             delivery, Meta.again(delivery, attempts=attempts, history=delivery.history), 0.0
         )
 
+    async def defer(self, delivery: Delivery, delay: timedelta) -> None:
+        """A refunded copy into the delayed set (or the stream, for no delay) and the old
+        entry acked, in one script: no moment holds both or neither."""
+        seconds = max(delay.total_seconds(), 0.0)
+        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=delivery.history)
+        await self._copy(delivery, meta, seconds)
+        if seconds > 0:
+            self._expect(delivery.queue, seconds)
+
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         by_stream: dict[str, list[str]] = {}
         for delivery in deliveries:

@@ -385,6 +385,25 @@ class NatsTransport(NatsTopology, Transport):
             await self._save_state(token.stream, token.seq, state)
         await token.msg.nak()
 
+    async def defer(self, delivery: Delivery, delay: timedelta) -> None:
+        """Nak'ed with ``delay`` and the delivery refunded in the message's state, while its
+        ``num_delivered`` leaves room under MaxDeliver (a nak counts a delivery there);
+        else, and for a message JetStream gave up on, a refunded copy with the delay in its
+        header is published and the old one acked, so no number of deferrals reaches
+        MaxDeliver."""
+        token: MessageToken = delivery.token
+        seconds = max(delay.total_seconds(), 0.0)
+        if not token.exhausted and token.msg.metadata.num_delivered < self.max_deliver - 1:
+            state = token.state or MessageState()
+            state.refunds += 1
+            await self._save_state(token.stream, token.seq, state)
+            token.state = state
+            await token.msg.nak(delay=seconds or None)
+            return
+        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=delivery.history)
+        await self._send(delivery.queue, delivery.payload, meta, seconds)
+        await self.ack(delivery)
+
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         for delivery in deliveries:
             token: MessageToken = delivery.token

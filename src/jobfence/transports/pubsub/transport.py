@@ -315,6 +315,18 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
             delivery, Meta.again(delivery, attempts=attempts, history=delivery.history), 0.0
         )
 
+    async def defer(self, delivery: Delivery, delay: timedelta) -> None:
+        """A refunded copy on the delay topic (held there until due, like a retry's), then
+        the old message acked: the copy's ``delivery_attempt`` starts again, so no number of
+        deferrals reaches ``max_delivery_attempts``."""
+        token: AckToken = delivery.token
+        if token.from_dlq:  # Pub/Sub's own dead letter: held on the DLQ subscription instead
+            seconds = min(max(math.ceil(delay.total_seconds()), 0), MAX_ACK_DEADLINE)
+            await self._modify(token.subscription, [token.ack_id], seconds)
+            return
+        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=delivery.history)
+        await self._copy(delivery, meta, max(delay.total_seconds(), 0.0))
+
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         by_subscription: dict[str, list[str]] = {}
         for delivery in deliveries:

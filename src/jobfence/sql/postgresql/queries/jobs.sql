@@ -110,6 +110,17 @@ UPDATE core.jobs SET
     worker_id = NULL
 WHERE id = %(id)s AND lease_token = %(token)s
 
+-- name: defer
+-- flow control said "not now": back to the queue, due after the delay, the attempt refunded
+UPDATE core.jobs SET
+    state = 'available',
+    run_at = now() + make_interval(secs => %(delay)s),
+    attempts = greatest(attempts - 1, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    worker_id = NULL
+WHERE id = %(id)s AND lease_token = %(token)s
+
 -- name: queue_depth
 SELECT queue, state, count(*) AS jobs FROM core.jobs GROUP BY queue, state ORDER BY queue, state
 

@@ -85,6 +85,17 @@ UPDATE core_jobs SET
     worker_id = NULL
 WHERE id = :id AND lease_token = :token
 
+-- name: defer
+-- flow control said "not now": back to the queue, due after the delay, the attempt refunded
+UPDATE core_jobs SET
+    state = 'available',
+    run_at = {NOW} + :delay,
+    attempts = max(attempts - 1, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    worker_id = NULL
+WHERE id = :id AND lease_token = :token
+
 -- name: queue_depth
 SELECT queue, state, count(*) AS jobs FROM core_jobs GROUP BY queue, state ORDER BY queue, state
 
