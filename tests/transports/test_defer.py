@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from jobfence import App, Job, RetryPolicy, Tx
-from jobfence.core.jobs import Delivery
+from jobfence.core.jobs import AttemptRecord, Delivery
 from jobfence.errors import Category
 from jobfence.review import deadletters
 from jobfence.transports import Transport
@@ -113,6 +113,28 @@ async def test_a_deferred_job_comes_back_after_its_delay_with_its_attempt_and_hi
         assert _past(back) == _past(second)
         await transport.ack(back)
         await eventually(lambda: _left(target, 0), what="queue empty")
+
+
+async def test_a_deferral_with_a_note_adds_it_to_the_history(target: Target) -> None:
+    """``note`` (what a handler's back-off leaves) is appended to the history; the attempt
+    is still refunded."""
+    app = _app(target)
+    async with app:
+        await app.enqueue(target.queue, {"n": 1}, job_id="noted-1")
+        transport = app.transport
+        first = await _next(transport, target.queue, "first delivery")
+        note = AttemptRecord(
+            attempt=1,
+            at="2026-01-01T00:00:00.000000Z",
+            category="BACKOFF",
+            error="BackOff: partner 429",
+            retry_at="2026-01-01T00:00:00.100000Z",
+        )
+        await transport.defer(first, timedelta(seconds=0.1), note=note)
+        back = await _next(transport, target.queue, "the deferred job")
+        assert (back.attempt, _past(back)) == (1, [(1, "BACKOFF", "BackOff: partner 429")])
+        assert back.history[0].retry_at == note.retry_at
+        await transport.ack(back)
 
 
 async def test_twenty_deferrals_never_use_an_attempt_or_dead_letter_a_job(target: Target) -> None:

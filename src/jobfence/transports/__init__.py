@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 
-from ..core.jobs import Delivery, OutgoingJob
+from ..core.jobs import AttemptRecord, Delivery, OutgoingJob
 from ..db import Database, Tx
 from ..errors import (
     Category,
@@ -150,12 +150,15 @@ class Transport(ABC):
         """Give a delivery back now (graceful shutdown); ``attempted=False`` refunds it."""
 
     @abstractmethod
-    async def defer(self, delivery: Delivery, delay: timedelta) -> None:
+    async def defer(
+        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
+    ) -> None:
         """Put ``delivery`` back on its queue, to be delivered again after ``delay``, without
-        counting this attempt (it never ran: flow control said "not now") and with its
-        history untouched — :meth:`release` with ``attempted=False``, later. At least once:
-        a worker killed while deferring leaves the job on its queue (the old delivery comes
-        back after its lease, or both copies come back and the fence absorbs the second)."""
+        counting this attempt (flow control said "not now") — :meth:`release` with
+        ``attempted=False``, later. Its history is untouched, but for ``note`` appended when
+        given (a handler's back-off says why the job waited). At least once: a worker killed
+        while deferring leaves the job on its queue (the old delivery comes back after its
+        lease, or both copies come back and the fence absorbs the second)."""
 
     async def dead_lettered(
         self, delivery: Delivery, *, consumer: str, category: Category, code: str | None

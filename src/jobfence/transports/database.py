@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import sqlite3
 import uuid
@@ -18,7 +19,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..core.jobs import Delivery, OutgoingJob, history_from, history_json, partner_of
+from ..core.jobs import (
+    AttemptRecord,
+    Delivery,
+    OutgoingJob,
+    history_from,
+    history_json,
+    partner_of,
+)
 from ..db import Database, Tx, to_datetime
 from ..db.adopt import SyncConnection
 from ..errors import Category
@@ -323,10 +331,19 @@ class DatabaseQueue(Transport):
         await self.db.run("release", {**self._ref(delivery), "refund": 0 if attempted else 1})
         self.wake()
 
-    async def defer(self, delivery: Delivery, delay: timedelta) -> None:
+    async def defer(
+        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
+    ) -> None:
         """The row back to ``available`` with ``run_at`` ``delay`` ahead and its attempt
-        refunded, in one statement (its history is not touched)."""
-        await self.db.run("defer", {**self._ref(delivery), "delay": delay.total_seconds()})
+        refunded, ``note`` appended to its history, in one statement."""
+        await self.db.run(
+            "defer",
+            {
+                **self._ref(delivery),
+                "delay": delay.total_seconds(),
+                "note": None if note is None else json.dumps(note.to_json()),
+            },
+        )
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:

@@ -43,7 +43,7 @@ import aio_pika
 import aio_pika.abc
 import aiormq.exceptions
 
-from ..core.jobs import Delivery, OutgoingJob
+from ..core.jobs import AttemptRecord, Delivery, OutgoingJob
 from ..errors import Category, ConfigurationError
 from . import Transport
 from ._broker import Meta, Options, retry_record
@@ -438,11 +438,17 @@ class RabbitMQTransport(Transport):
         attempts = delivery.attempt if attempted else delivery.attempt - 1
         await self._republish(delivery, attempts=attempts, delay=0.0)
 
-    async def defer(self, delivery: Delivery, delay: timedelta) -> None:
+    async def defer(
+        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
+    ) -> None:
         """A refunded copy through the delay bucket for ``delay`` (confirmed), then the old
         message acked: a new message, so its ``x-delivery-count`` starts again and no number
         of deferrals reaches the delivery limit."""
-        await self._republish(delivery, attempts=delivery.attempt - 1, delay=delay.total_seconds())
+        history = delivery.history if note is None else [*delivery.history, note]
+        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
+        route = await self._route(delivery.queue, delay.total_seconds())
+        await self._send(route, delivery.payload, meta)
+        await self._settle(delivery, ack=True)
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         deadline = time.monotonic() + self.lease.total_seconds()

@@ -28,7 +28,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from ...core.jobs import Delivery, OutgoingJob
+from ...core.jobs import AttemptRecord, Delivery, OutgoingJob
 from ...errors import Category, ConfigurationError, EnqueueError
 from .. import Transport
 from .._broker import (
@@ -385,7 +385,9 @@ class NatsTransport(NatsTopology, Transport):
             await self._save_state(token.stream, token.seq, state)
         await token.msg.nak()
 
-    async def defer(self, delivery: Delivery, delay: timedelta) -> None:
+    async def defer(
+        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
+    ) -> None:
         """Nak'ed with ``delay`` and the delivery refunded in the message's state, while its
         ``num_delivered`` leaves room under MaxDeliver (a nak counts a delivery there);
         else, and for a message JetStream gave up on, a refunded copy with the delay in its
@@ -396,11 +398,14 @@ class NatsTransport(NatsTopology, Transport):
         if not token.exhausted and token.msg.metadata.num_delivered < self.max_deliver - 1:
             state = token.state or MessageState()
             state.refunds += 1
+            if note is not None:
+                state.history.append(note)
             await self._save_state(token.stream, token.seq, state)
             token.state = state
             await token.msg.nak(delay=seconds or None)
             return
-        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=delivery.history)
+        history = delivery.history if note is None else [*delivery.history, note]
+        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
         await self._send(delivery.queue, delivery.payload, meta, seconds)
         await self.ack(delivery)
 

@@ -111,11 +111,14 @@ UPDATE core.jobs SET
 WHERE id = %(id)s AND lease_token = %(token)s
 
 -- name: defer
--- flow control said "not now": back to the queue, due after the delay, the attempt refunded
+-- flow control said "not now": back to the queue, due after the delay, the attempt refunded,
+-- the note (a back-off's record) appended to the history when there is one
 UPDATE core.jobs SET
     state = 'available',
     run_at = now() + make_interval(secs => %(delay)s),
     attempts = greatest(attempts - 1, 0),
+    history = CASE WHEN %(note)s::jsonb IS NULL THEN history
+                   ELSE history || jsonb_build_array(%(note)s::jsonb) END,
     lease_token = NULL,
     lease_expires_at = NULL,
     worker_id = NULL

@@ -86,11 +86,14 @@ UPDATE core_jobs SET
 WHERE id = :id AND lease_token = :token
 
 -- name: defer
--- flow control said "not now": back to the queue, due after the delay, the attempt refunded
+-- flow control said "not now": back to the queue, due after the delay, the attempt refunded,
+-- the note (a back-off's record) appended to the history when there is one
 UPDATE core_jobs SET
     state = 'available',
     run_at = {NOW} + :delay,
     attempts = max(attempts - 1, 0),
+    history = CASE WHEN :note IS NULL THEN history
+                   ELSE json_insert(history, '$[#]', json(:note)) END,
     lease_token = NULL,
     lease_expires_at = NULL,
     worker_id = NULL
