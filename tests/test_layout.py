@@ -39,6 +39,7 @@ POSTGRESQL_ONLY = {
     "dl_search_window": "a time window of dead letters through the failed_at index",
     "fence_partitions_add": "fences partitioned by day of expiry (SQLite: one plain table)",
     "fence_partition_drop": "fences partitioned by day of expiry",
+    "flow_lock": "an advisory lock per limited queue (SQLite's write lock serialises claims)",
 }
 SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
 #: the flat modules that moved into core/, runtime/, review/ and outbox/ (issue 24)

@@ -15,11 +15,13 @@ from .calls import (
     UnknownOutcome,
 )
 from .core.jobs import AttemptRecord, Delivery, Job, OutgoingJob
+from .core.limits import Limit, Rate
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx
 from .errors import (
     AuthenticationError,
     AuthorizationError,
+    BackOff,
     BusinessError,
     Category,
     ConfigurationError,
@@ -61,6 +63,7 @@ __all__ = [
     "AttemptRecord",
     "AuthenticationError",
     "AuthorizationError",
+    "BackOff",
     "BusinessError",
     "CallInDoubt",
     "CallNotSent",
@@ -79,12 +82,14 @@ __all__ = [
     "InvalidRequest",
     "Job",
     "JobfenceError",
+    "Limit",
     "NonRetryableError",
     "NotFound",
     "Observer",
     "OutboxEvent",
     "OutgoingJob",
     "PoisonPayload",
+    "Rate",
     "Relay",
     "Retry",
     "RetryPolicy",

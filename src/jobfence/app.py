@@ -25,6 +25,7 @@ from .core.codec import Decoder, Schema
 from .core.fence import DEFAULT_FENCE_TTL
 from .core.jobs import OutgoingJob, check_queue, outgoing_job
 from .core.leases import default_holder
+from .core.limits import Limit, check_limit
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
 from .db.adopt import adopt_async, connect_sync
@@ -200,6 +201,7 @@ class App:
         name: str | None = None,
         retry: RetryPolicy | None = None,
         isolated: bool = False,
+        limit: Limit | None = None,
     ) -> Callable[[H], H]:
         """Register ``handler(job, tx)`` for ``queue``.
 
@@ -209,8 +211,11 @@ class App:
         ``isolated=True``: each job gets a transaction of its own, never a share of a group
         commit (for handlers that hold transaction-wide state: ``SET LOCAL``, advisory or
         table locks, hot rows other jobs wait on, ``COPY``; see docs/concepts.md).
+        ``limit``: a :class:`~jobfence.Limit` — at most ``concurrency`` jobs running at once
+        and ``rate`` starts per period, per key, across every worker (docs/flow-control.md).
         """
         check_queue(queue)
+        flow_limit = check_limit(limit)
         if queue in self.consumers:
             raise ConfigurationError(f"queue {queue!r} already has a consumer")
         policy = retry or DEFAULT_POLICY
@@ -240,6 +245,7 @@ class App:
                 wants_session=session,
                 host=self._session_host,
                 isolated=isolated,
+                limit=flow_limit,
             )
             self._check_ttl()
             return handler

@@ -27,6 +27,7 @@ The tree::
         └── NonRetryableError          NON_RETRYABLE_ERROR straight to dead letters
 
     Retry                              control flow: "try again after this delay", no error log
+    BackOff                            control flow: "hold this job's whole key for a while" (429)
 
 Anything else a handler raises is classified by :func:`classify`: serialization failures,
 deadlocks, lost connections and timeouts are TEMPORARY_ERROR; everything unknown is
@@ -45,7 +46,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 
 class RetryMode(enum.Enum):
@@ -264,6 +265,52 @@ class Retry(Exception):
             raise ValueError("Retry(delay=...) must not be negative")
         self.delay = delay
         self.reason = reason
+
+
+#: the longest back-off a handler may ask for
+MAX_BACKOFF = timedelta(days=1)
+
+
+class BackOff(Exception):
+    """Raise from a handler when the other side said "wait" (an HTTP 429 and its
+    Retry-After): the whole key of the job (its consumer's ``Limit`` key) is held for
+    ``seconds`` on every worker, and this job goes back to wait for it without consuming
+    an attempt; its history records the back-off. Control flow, not an error: no retry
+    policy, no dead letter (docs/flow-control.md)."""
+
+    def __init__(self, seconds: timedelta | float, reason: str = "backing off") -> None:
+        super().__init__(reason)
+        if isinstance(seconds, bool) or not isinstance(seconds, timedelta | int | float):
+            raise ValueError(
+                f"BackOff(seconds=...) must be a number or a timedelta, got "
+                f"{type(seconds).__name__}"
+            )
+        delay = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
+        if not timedelta(0) < delay <= MAX_BACKOFF:
+            raise ValueError(f"BackOff(seconds=...) must be above 0 and at most {MAX_BACKOFF}")
+        self.delay = delay
+        self.reason = str(reason)[:500]
+
+    @classmethod
+    def from_retry_after(
+        cls, value: str | None, *, default: float = 30.0, reason: str = "HTTP 429"
+    ) -> BackOff:
+        """A back-off from an HTTP ``Retry-After`` value (seconds, or an HTTP date);
+        ``default`` seconds when it is missing or unreadable."""
+        seconds = default
+        text = (value or "").strip()
+        if text.isdigit():
+            seconds = float(text)
+        elif text:
+            from email.utils import parsedate_to_datetime
+
+            try:
+                when = parsedate_to_datetime(text)
+                seconds = (when - datetime.now(when.tzinfo or UTC)).total_seconds()
+            except (TypeError, ValueError):
+                pass
+        seconds = min(max(seconds, 0.001), MAX_BACKOFF.total_seconds())
+        return cls(seconds, reason=reason)
 
 
 Classifier = Callable[[BaseException], "Category | None"]

@@ -36,6 +36,7 @@ from ..core import fence
 from ..core.codec import Decoder
 from ..core.fence import FenceOutcome
 from ..core.jobs import Delivery, Job
+from ..core.limits import Limit
 from ..core.retry import Decision, RetryPolicy
 from ..db import BatchLost, Database, SyncTx, Tx, WorkSource, current_tx
 from ..errors import (
@@ -95,6 +96,8 @@ class Consumer:
     host: hosted.WorkHost | None = None
     #: never share a group-commit transaction: each job gets one of its own
     isolated: bool = False
+    #: flow control: concurrency and rate per key (docs/flow-control.md)
+    limit: Limit | None = None
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ from django.utils.connection import ConnectionDoesNotExist
 from ... import outbox
 from ...app import App
 from ...config import parse_database_url
+from ...core.limits import Limit
 from ...core.retry import RetryPolicy
 from ...errors import ConfigurationError, EnqueueError
 from ...runtime.harness import Handler
@@ -132,11 +133,14 @@ class DjangoApp(App):
         name: str | None = None,
         retry: RetryPolicy | None = None,
         isolated: bool = False,
+        limit: Limit | None = None,
     ) -> Callable[[H], H]:
         """:meth:`jobfence.App.consumer` for ``def handle(job, tx)`` handlers that run inside
         ``transaction.atomic()`` on Django's connection (``async def`` is refused). Each job
         has a transaction of its own here (``isolated`` is accepted and always holds)."""
-        register = super().consumer(queue, schema=schema, name=name, retry=retry, isolated=isolated)
+        register = super().consumer(
+            queue, schema=schema, name=name, retry=retry, isolated=isolated, limit=limit
+        )
 
         def hosted(handler: H) -> H:
             register(handler)
