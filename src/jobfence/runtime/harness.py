@@ -22,12 +22,13 @@ import contextvars
 import enum
 import inspect
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -35,11 +36,12 @@ from ..calls.ledger import Ledger
 from ..core import fence
 from ..core.codec import Decoder
 from ..core.fence import FenceOutcome
-from ..core.jobs import Delivery, Job
+from ..core.jobs import AttemptRecord, Delivery, Job
 from ..core.limits import Limit
 from ..core.retry import Decision, RetryPolicy
 from ..db import BatchLost, Database, SyncTx, Tx, WorkSource, current_tx
 from ..errors import (
+    BackOff,
     Category,
     HandlerError,
     PoisonPayload,
@@ -55,6 +57,7 @@ from ..review.letters import DEFAULT_PAYLOAD_LIMIT
 from ..tracing import Tracing
 from ..transports import Transport
 from . import hosted
+from .flow import Admitted, Deferred, FlowControl, key_for
 
 log = logging.getLogger("jobfence.harness")
 
@@ -68,6 +71,8 @@ class Outcome(enum.Enum):
     DEAD = "dead"
     LOST = "lost"
     FAILED_TO_RECORD = "failed_to_record"  # the store was unreachable; the lease will redeliver
+    #: flow control put it back on its queue for later, unrun and its attempt refunded
+    DEFERRED = "deferred"
 
 
 #: a group-commit transaction is expected to stay open about this long at most: under a
@@ -79,6 +84,20 @@ class Outcome(enum.Enum):
 BATCH_SPAN = 2.0
 
 Handler = Callable[[Job[Any], Any], Awaitable[None] | None]
+
+#: A broker delivery over its key's concurrency asks again after about the recent handler
+#: time (a slot frees when a job ends), within these bounds (seconds), plus up to half again
+#: at random so that the deliveries waiting on one key do not all come back at once
+RECHECK_MIN = 0.05
+RECHECK_MAX = 1.0
+#: a delivery of a paused key asks again after this many seconds (a resume is not announced)
+PAUSE_RECHECK = 5.0
+#: the flow state could not be read (the database is away): ask again after this long
+UNAVAILABLE_RECHECK = 1.0
+#: the shortest deferral (a rate window that frees "now" still needs its clock tick)
+MIN_DEFER = 0.01
+#: the history's category of a handler's back-off (not an error: no attempt is used)
+BACKOFF_CATEGORY = "BACKOFF"
 
 
 @dataclass(frozen=True)
@@ -142,8 +161,20 @@ class Harness:
         work: WorkSource | None = None,
         tracing: Tracing | None = None,
         ledger: Ledger | None = None,
+        flow: FlowControl | None = None,
+        lease: timedelta = timedelta(seconds=30),
     ) -> None:
         self.consumers = consumers
+        #: flow control (docs/flow-control.md): limited queues' broker deliveries are admitted
+        #: through it before their handler runs, and handlers' back-offs hold keys there
+        self.flow = flow
+        #: a broker has no running rows to count: admit each delivery (the database queue's
+        #: claim enforces the limits itself)
+        self.admits = flow is not None and transport.jobs_db is None
+        #: a slot lives as long as a delivery's lease, renewed with it (:meth:`renew_slots`)
+        self.lease = lease
+        #: the concurrency slots this harness holds (ids in ``core.flow_slots``)
+        self.slots: set[int] = set()
         #: the call ledger handlers reach through ``job.call`` (None: no calls)
         self.ledger = ledger
         self.db = db
@@ -222,6 +253,19 @@ class Harness:
         if isinstance(screened, Outcome):
             return screened
         consumer, job = screened
+        if not (self.admits and consumer.limit is not None):
+            return await self._run(delivery, consumer, job)
+        deferred, slot = await self._admit(delivery, consumer, job)
+        if deferred is not None:
+            return deferred
+        try:
+            return await self._run(delivery, consumer, job)
+        finally:
+            if slot is not None:
+                await asyncio.shield(self._release_slot(slot))
+
+    async def _run(self, delivery: Delivery, consumer: Consumer, job: Job[Any]) -> Outcome:
+        """The job through its fence and its handler to its outcome."""
         ack_in_tx = self.acks_in_tx
         try:
             if consumer.host is not None:
@@ -235,6 +279,8 @@ class Harness:
             # shutdown ran out of patience: the transaction rolled back; hand the job back
             await asyncio.shield(self._release(delivery))
             raise
+        except BackOff as exc:
+            return await self._backed_off(delivery, consumer, job, exc)
         except Exception as exc:
             return await self._failed(delivery, consumer, exc)
 
@@ -608,6 +654,122 @@ class Harness:
         )
         return Outcome.RETRY
 
+    # -- flow control (docs/flow-control.md) -----------------------------------------------
+
+    def _key(self, consumer: Consumer, delivery: Delivery, job: Job[Any]) -> str:
+        """The job's flow key, from the payload the handler gets (decoded once)."""
+        return key_for(consumer.limit, delivery.payload, lambda _raw: job.payload)
+
+    async def _admit(
+        self, delivery: Delivery, consumer: Consumer, job: Job[Any]
+    ) -> tuple[Outcome | None, int | None]:
+        """Admit a broker delivery of a limited queue: (None, its slot or None) when it may
+        run; else (its outcome, None), the delivery deferred to when capacity may be back,
+        unrun, its attempt refunded."""
+        assert self.flow is not None
+        key = self._key(consumer, delivery, job)
+        try:
+            answer = await self.flow.admit(delivery.queue, key, delivery.job_id, self.lease)
+        except Exception:
+            log.exception(
+                "flow control could not admit a job; it waits and asks again",
+                extra={"job_id": delivery.job_id, "queue": delivery.queue},
+            )
+            return await self._defer(
+                delivery, consumer, "unavailable", key, UNAVAILABLE_RECHECK
+            ), None
+        if isinstance(answer, Admitted):
+            if answer.slot is not None:
+                self.slots.add(answer.slot)
+            return None, answer.slot
+        return await self._defer(delivery, consumer, answer.reason, key, self._wait(answer)), None
+
+    def _wait(self, answer: Deferred) -> float:
+        """How long a deferred delivery waits before it asks again."""
+        if answer.wait is None:  # paused until an operator resumes the key
+            return PAUSE_RECHECK
+        if answer.reason == "concurrency":
+            # the earliest a slot frees for sure is its lease's end; a job ending frees one
+            # sooner, about a handler's time from now
+            recent = self.handler_time if self.handler_time is not None else RECHECK_MIN
+            recheck = min(max(recent, RECHECK_MIN), RECHECK_MAX) * random.uniform(1.0, 1.5)
+            return max(min(answer.wait, recheck), MIN_DEFER)
+        return max(answer.wait, MIN_DEFER)  # a rate window's oldest start leaves it; a back-off
+
+    async def _defer(
+        self,
+        delivery: Delivery,
+        consumer: Consumer,
+        reason: str,
+        key: str,
+        seconds: float,
+        note: AttemptRecord | None = None,
+    ) -> Outcome:
+        delay = timedelta(seconds=seconds)
+        try:
+            await self.transport.defer(delivery, delay, note=note)
+        except Exception:
+            log.exception(
+                "could not defer a job; it returns when its lease expires",
+                extra={"job_id": delivery.job_id, "queue": delivery.queue, "reason": reason},
+            )
+            return Outcome.FAILED_TO_RECORD
+        self.observers.job_deferred(delivery, consumer.name, reason, key, delay)
+        return Outcome.DEFERRED
+
+    async def _release_slot(self, slot: int) -> None:
+        self.slots.discard(slot)
+        assert self.flow is not None
+        try:
+            await self.flow.release(slot)
+        except Exception:
+            log.exception("could not give back a concurrency slot; it expires with its lease")
+
+    async def renew_slots(self) -> None:
+        """Renew the concurrency slots of the deliveries still running (with their leases:
+        the worker's heartbeat). A worker that dies stops renewing them, and its slots count
+        for nothing once a lease has passed."""
+        if self.flow is not None and self.slots:
+            await self.flow.extend(sorted(self.slots), self.lease)
+
+    async def _backed_off(
+        self, delivery: Delivery, consumer: Consumer, job: Job[Any], exc: BackOff
+    ) -> Outcome:
+        """The handler raised :class:`~jobfence.BackOff`: its work rolled back; the job's key
+        is held on every worker (a consumer with a limit) and this job waits for the hold to
+        end, its attempt refunded, the back-off in its history."""
+        key = self._key(consumer, delivery, job)
+        seconds = exc.delay.total_seconds()
+        if consumer.limit is not None and self.flow is not None:
+            try:
+                seconds = await self.flow.back_off(delivery.queue, key, exc.delay, exc.reason)
+            except Exception:
+                log.exception(
+                    "could not hold the key for a back-off; only this job waits",
+                    extra={"job_id": delivery.job_id, "queue": delivery.queue},
+                )
+        seconds = max(seconds, MIN_DEFER)
+        log.info(
+            "a handler backed off: the job waits%s",
+            " with its key held" if consumer.limit is not None else "",
+            extra={
+                "job_id": delivery.job_id,
+                "queue": delivery.queue,
+                "key": key,
+                "seconds": round(seconds, 3),
+                "reason": exc.reason,
+            },
+        )
+        now = datetime.now(UTC)
+        note = AttemptRecord(
+            attempt=delivery.attempt,
+            at=_iso(now),
+            category=BACKOFF_CATEGORY,
+            error=f"BackOff: {exc.reason}",
+            retry_at=_iso(now + timedelta(seconds=seconds)),
+        )
+        return await self._defer(delivery, consumer, "backoff", key, seconds, note=note)
+
     async def _dead(
         self,
         delivery: Delivery,
@@ -651,3 +813,8 @@ class Harness:
             trace=failure.log_trace if failure else None,
         )
         return Outcome.DEAD
+
+
+def _iso(moment: datetime) -> str:
+    """The histories' timestamp shape: ``…T…Z``, microseconds, UTC."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -22,9 +22,11 @@ from typing import Any
 
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW, MAX_BATCH_SIZE
 from ..core.jobs import Delivery
+from ..core.leases import default_holder
 from ..metrics import WORKER_INFLIGHT, WORKER_SLOTS, WORKERS
 from . import holding
 from .context import Runtime, RuntimeSource
+from .flow import FlowControl
 from .harness import Harness, Outcome
 from .health import Health, register, unregister
 from .maintenance import housekeeping
@@ -62,9 +64,20 @@ def summary_fields(delta: dict[Outcome, int], seconds: float) -> dict[str, Any]:
         "retries": delta[Outcome.RETRY],
         "dead_letters": delta[Outcome.DEAD],
         "duplicates": delta[Outcome.DUPLICATE],
+        "deferred": delta[Outcome.DEFERRED],
         "lost": delta[Outcome.LOST] + delta[Outcome.FAILED_TO_RECORD],
         "interval_s": round(seconds, 3),
     }
+
+
+def flow_control(rt: Runtime) -> FlowControl | None:
+    """The flow-control service of ``rt``'s limited consumers (None: no consumer has a
+    limit), over the database that holds the flow state: the queue's for the database
+    queue, the fence's for a broker."""
+    limits = {queue: c.limit for queue, c in rt.consumers.items() if c.limit is not None}
+    if not limits:
+        return None
+    return FlowControl(rt.transport.jobs_db or rt.db, limits, holder=default_holder())
 
 
 class Worker:
@@ -125,6 +138,7 @@ class Worker:
         #: (None: concurrency × the jobs a batch takes now, see Harness.batch_limit)
         self.prefetch = prefetch
         self._runtime: Runtime | None = None  # the app's, once run() opened it
+        self._harness: Harness | None = None  # once run() built it
         self._buffer: collections.deque[Delivery] = collections.deque()
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
@@ -237,7 +251,10 @@ class Worker:
             work=rt.work,
             tracing=rt.tracing,
             ledger=rt.ledger,
+            flow=flow_control(rt),
+            lease=rt.lease,
         )
+        self._harness = harness
         background = [
             asyncio.create_task(
                 self.health.watch(rt.db, self._report_inflight), name="jobfence-health"
@@ -460,6 +477,11 @@ class Worker:
                     await self.runtime.transport.extend(held)
                 except Exception:
                     log.exception("lease renewal failed")
+            if self._harness is not None and self._harness.slots:
+                try:
+                    await self._harness.renew_slots()
+                except Exception:
+                    log.exception("concurrency slot renewal failed")
 
     async def _maintenance(self) -> None:
         """Queue upkeep (expired leases) plus the app's housekeeping: fence cleanup, alert
