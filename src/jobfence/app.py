@@ -499,6 +499,7 @@ class App:
         ``session``'s)."""
         if not jobs:
             return
+        jobs = self._keyed(jobs)
         connection = _one_of(connection, session)
         if connection is None:
             if current_tx.get() is not None and self.url.dialect == "sqlite":
@@ -522,6 +523,19 @@ class App:
         _check_database_payloads(jobs, tx.dialect)
         with self._sending(jobs, tx.dialect) as traced:
             await database_queue.enqueue(tx, traced)
+
+    def _keyed(self, jobs: Sequence[OutgoingJob]) -> Sequence[OutgoingJob]:
+        """``jobs`` with their flow key when their queue's consumer here has a Limit (the
+        claim needs it; a worker keys what an app without the limit enqueued)."""
+        if not any(c.limit is not None for c in self.consumers.values()):
+            return jobs
+        keyed = list(jobs)
+        for index, job in enumerate(keyed):
+            consumer = self.consumers.get(job.queue)
+            if consumer is not None and consumer.limit is not None and job.flow_key is None:
+                key = consumer.limit.key_of(job.payload, consumer.decoder.decode)
+                keyed[index] = dataclasses.replace(job, flow_key=key)
+        return keyed
 
     async def _publish(self, transport: Transport, jobs: Sequence[OutgoingJob]) -> None:
         transport.check_payloads(jobs)
@@ -564,6 +578,7 @@ class App:
         """
         connection = _one_of(connection, session)
         job = self.job(queue, payload, job_id=job_id, correlation_id=correlation_id, delay=delay)
+        job = self._keyed([job])[0]
         if isinstance(connection, SyncTx):
             connection.run_sync(self.enqueue_many([job], connection=connection.async_tx))
             return job.job_id

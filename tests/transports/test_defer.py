@@ -16,13 +16,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from jobfence import App, Job, RetryPolicy, Tx
-from jobfence.core.jobs import AttemptRecord, Delivery
+from jobfence.core.jobs import Delivery
 from jobfence.errors import Category
 from jobfence.review import deadletters
 from jobfence.transports import Transport
@@ -83,6 +83,10 @@ async def _next(transport: Transport, queue: str, what: str, timeout: float = 30
     return got[0]
 
 
+def _at(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
 def _past(delivery: Delivery) -> list[tuple[int, str, str]]:
     return [(h.attempt, h.category, h.error) for h in delivery.history]
 
@@ -116,24 +120,21 @@ async def test_a_deferred_job_comes_back_after_its_delay_with_its_attempt_and_hi
 
 
 async def test_a_deferral_with_a_note_adds_it_to_the_history(target: Target) -> None:
-    """``note`` (what a handler's back-off leaves) is appended to the history; the attempt
-    is still refunded."""
+    """``note`` (a handler's back-off gives one) adds the deferral to the history, as the
+    database queue records it: category DEFERRED, the note, the attempts used so far, when
+    it is due; the attempt is still refunded."""
     app = _app(target)
     async with app:
         await app.enqueue(target.queue, {"n": 1}, job_id="noted-1")
         transport = app.transport
         first = await _next(transport, target.queue, "first delivery")
-        note = AttemptRecord(
-            attempt=1,
-            at="2026-01-01T00:00:00.000000Z",
-            category="BACKOFF",
-            error="BackOff: partner 429",
-            retry_at="2026-01-01T00:00:00.100000Z",
-        )
-        await transport.defer(first, timedelta(seconds=0.1), note=note)
+        await transport.defer(first, timedelta(seconds=0.2), note="back-off: partner 429")
         back = await _next(transport, target.queue, "the deferred job")
-        assert (back.attempt, _past(back)) == (1, [(1, "BACKOFF", "BackOff: partner 429")])
-        assert back.history[0].retry_at == note.retry_at
+        assert (back.attempt, _past(back)) == (1, [(0, "DEFERRED", "back-off: partner 429")])
+        record = back.history[0]
+        assert record.retry_at is not None
+        due = (_at(record.retry_at) - _at(record.at)).total_seconds()
+        assert 0.199 <= due <= 0.201, record
         await transport.ack(back)
 
 

@@ -105,6 +105,8 @@ class Delivery:
     given_up: str | None = None
     #: the W3C trace context the job travels with (:func:`trace_context_of`), else None
     trace_context: str | None = None
+    #: its flow-control key, when its transport knows it (the database queue's limited claim)
+    flow_key: str | None = None
 
 
 class CallLedger(Protocol):
@@ -318,6 +320,9 @@ class OutgoingJob:
     delay: float = 0.0  # seconds
     #: the W3C trace context it travels with (:func:`jobfence.core.jobs.trace_context_of`)
     trace_context: str | None = None
+    #: its flow-control key (the consumer's Limit), when the enqueuing app knows it; else the
+    #: worker's keying pass writes it (jobfence.runtime.flow)
+    flow_key: str | None = None
 
     def params(self) -> dict[str, Any]:
         return {
@@ -328,6 +333,7 @@ class OutgoingJob:
             "delay": float(self.delay),
             "partner": partner_of(self.payload),
             "trace_context": self.trace_context,
+            "flow_key": self.flow_key,
         }
 
 

@@ -39,6 +39,7 @@ from datetime import datetime
 from typing import Any
 
 from ..core.jobs import AttemptRecord, check_queue, history_from, history_json
+from ..core.limits import MAX_KEY_LENGTH
 from ..db import Database, Tx, to_datetime
 from ..errors import InvalidRequest, NotFound, ReviewConflict
 from .deadletters import Actor, record
@@ -554,6 +555,123 @@ async def resume_queue(
         if qdb.dialect == "postgresql":
             await qtx.q("notify_queues", {"queues": qdb.array([queue])})
     return await _queue_info(db, qdb, queue)
+
+
+@dataclass(frozen=True)
+class KeyPause:
+    """A paused key of a limited queue (flow control, docs/flow-control.md)."""
+
+    queue: str
+    key: str
+    paused_by: str
+    reason: str
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+        raise InvalidRequest(
+            f"a flow key is a string of at most {MAX_KEY_LENGTH} characters without NUL "
+            '(the empty string "" is the key of a limit without one)'
+        )
+    return key
+
+
+async def pause_key(
+    db: Database,
+    queue: str,
+    key: str,
+    *,
+    actor: Actor,
+    reason: str | None = None,
+    jobs_db: Database | None = None,
+) -> KeyPause:
+    """Pause one key of a queue with a Limit (e.g. one partner): workers claim none of its
+    jobs, and brokers defer its deliveries, until it is resumed; other keys go on. Running
+    jobs finish. Audited (``key.pause``). A partner-scoped operator pauses its own partner's
+    key only."""
+    _check_queue_name(queue)
+    _check_key(key)
+    if actor.partner is not None and actor.partner != key:
+        raise InvalidRequest(
+            f"a partner-scoped operator can pause only its own partner's key ({actor.partner!r})"
+        )
+    why = checked_reason(reason, required=False) or ""
+    qdb = _jobs(db, jobs_db)
+    async with AsyncExitStack() as stack:
+        qtx, tx = await _transactions(stack, db, qdb)
+        if await _key_paused(qtx, queue, key):
+            raise ReviewConflict(f"key {key!r} of queue {queue!r} is already paused")
+        await qtx.q(
+            "flow_hold",
+            {
+                "queue": queue,
+                "key": key,
+                "kind": "pause",
+                "seconds": None,
+                "reason": why[:500],
+                "held_by": actor.name[:200],
+            },
+        )
+        await record(
+            tx,
+            actor,
+            "key.pause",
+            reason=why or None,
+            details={"queue": queue, "key": key},
+            old_state="active",
+            new_state="paused",
+        )
+    return KeyPause(queue, key, actor.name, why)
+
+
+async def resume_key(
+    db: Database,
+    queue: str,
+    key: str,
+    *,
+    actor: Actor,
+    reason: str | None = None,
+    jobs_db: Database | None = None,
+) -> None:
+    """Resume a paused key (workers claim its jobs again at once). Audited (``key.resume``)."""
+    _check_queue_name(queue)
+    _check_key(key)
+    if actor.partner is not None and actor.partner != key:
+        raise InvalidRequest(
+            f"a partner-scoped operator can resume only its own partner's key ({actor.partner!r})"
+        )
+    why = checked_reason(reason, required=False)
+    qdb = _jobs(db, jobs_db)
+    async with AsyncExitStack() as stack:
+        qtx, tx = await _transactions(stack, db, qdb)
+        if not await qtx.q("flow_unhold", {"queue": queue, "key": key, "kind": "pause"}):
+            raise ReviewConflict(f"key {key!r} of queue {queue!r} is not paused")
+        await record(
+            tx,
+            actor,
+            "key.resume",
+            reason=why,
+            details={"queue": queue, "key": key},
+            old_state="paused",
+            new_state="active",
+        )
+        if qdb.dialect == "postgresql":
+            await qtx.q("notify_queues", {"queues": qdb.array([queue])})
+
+
+async def paused_keys(db: Database, queue: str) -> list[KeyPause]:
+    """The paused keys of ``queue`` (``db``: where its jobs are, the job-control view)."""
+    rows = await db.run("flow_status_holds", {"queue": queue})
+    return [
+        KeyPause(queue, row["key"], row["held_by"], row["reason"])
+        for row in rows
+        if row["kind"] == "pause"
+    ]
+
+
+async def _key_paused(tx: Tx, queue: str, key: str) -> bool:
+    rows = await tx.q("flow_status_holds", {"queue": queue})
+    return any(row["key"] == key and row["kind"] == "pause" for row in rows)
 
 
 async def paused_among(db: Database, queues: Collection[str]) -> dict[str, dict[str, Any]]:

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -36,7 +36,8 @@ from ..calls.ledger import Ledger
 from ..core import fence
 from ..core.codec import Decoder
 from ..core.fence import FenceOutcome
-from ..core.jobs import AttemptRecord, Delivery, Job
+from ..core.jobs import Delivery, Job
+from ..core.leases import default_holder
 from ..core.limits import Limit
 from ..core.retry import Decision, RetryPolicy
 from ..db import BatchLost, Database, SyncTx, Tx, WorkSource, current_tx
@@ -57,7 +58,7 @@ from ..review.letters import DEFAULT_PAYLOAD_LIMIT
 from ..tracing import Tracing
 from ..transports import Transport
 from . import hosted
-from .flow import Admitted, Deferred, FlowControl, key_for
+from .flow import Admitted, Deferred, FlowControl, hold, key_for
 
 log = logging.getLogger("jobfence.harness")
 
@@ -71,7 +72,8 @@ class Outcome(enum.Enum):
     DEAD = "dead"
     LOST = "lost"
     FAILED_TO_RECORD = "failed_to_record"  # the store was unreachable; the lease will redeliver
-    #: flow control put it back on its queue for later, unrun and its attempt refunded
+    #: flow control put it back on its queue for later, its attempt refunded: a BackOff, or
+    #: a broker delivery over its key's limit (unrun)
     DEFERRED = "deferred"
 
 
@@ -96,8 +98,6 @@ PAUSE_RECHECK = 5.0
 UNAVAILABLE_RECHECK = 1.0
 #: the shortest deferral (a rate window that frees "now" still needs its clock tick)
 MIN_DEFER = 0.01
-#: the history's category of a handler's back-off (not an error: no attempt is used)
-BACKOFF_CATEGORY = "BACKOFF"
 
 
 @dataclass(frozen=True)
@@ -279,8 +279,6 @@ class Harness:
             # shutdown ran out of patience: the transaction rolled back; hand the job back
             await asyncio.shield(self._release(delivery))
             raise
-        except BackOff as exc:
-            return await self._backed_off(delivery, consumer, job, exc)
         except Exception as exc:
             return await self._failed(delivery, consumer, exc)
 
@@ -538,6 +536,16 @@ class Harness:
     ) -> Outcome:
         """A job of a batch failed; its savepoint is rolled back. Undo its fence and ack, and
         write its retry or dead letter, all in the batch's transaction."""
+        if isinstance(exc, BackOff):
+            if self.fence_enabled:
+                await fence.unclaim_tx(tx, consumer.name, delivery.job_id)
+            delay = await self._hold_key(delivery, consumer, exc, tx)
+            await self.transport.defer_tx(tx, delivery, delay, f"back-off: {exc.reason}")
+            key = self._flow_key(consumer, delivery)
+            notes.append(
+                partial(self.observers.job_deferred, delivery, consumer.name, "backoff", key, delay)
+            )
+            return Outcome.DEFERRED
         failure = self._decide(delivery, consumer, exc)
         category, decision, error = failure.category, failure.decision, failure.error
         if self.fence_enabled:
@@ -632,7 +640,60 @@ class Harness:
         )
         return Failure(category, decision, describe(exc), trace_of(exc), expected)
 
+    async def _hold_key(
+        self, delivery: Delivery, consumer: Consumer, exc: BackOff, tx: Tx | None = None
+    ) -> timedelta:
+        """A handler raised :class:`BackOff`: hold its job's key on every worker (on a
+        consumer with a Limit; without one only this job waits) and return how long this
+        job waits (the key's hold from now: a longer one in place stays)."""
+        if consumer.limit is None:
+            return exc.delay
+        key = self._flow_key(consumer, delivery)
+        held = await hold(
+            self.transport.jobs_db or self.db,
+            delivery.queue,
+            key,
+            kind="backoff",
+            seconds=exc.delay.total_seconds(),
+            reason=exc.reason,
+            held_by=default_holder(),
+            tx=tx,
+        )
+        log.info(
+            "a handler backed off: its key is held",
+            extra={
+                "job_id": delivery.job_id,
+                "queue": delivery.queue,
+                "key": key,
+                "held_s": held,
+                "reason": exc.reason,
+            },
+        )
+        return exc.delay if held is None else max(timedelta(seconds=held), exc.delay)
+
+    def _flow_key(self, consumer: Consumer, delivery: Delivery) -> str:
+        """The job's flow key (the database queue's claim read it already)."""
+        if delivery.flow_key is not None:
+            return delivery.flow_key
+        return key_for(consumer.limit, delivery.payload, consumer.decoder.decode)
+
+    async def _back_off(self, delivery: Delivery, consumer: Consumer, exc: BackOff) -> Outcome:
+        try:
+            delay = await self._hold_key(delivery, consumer, exc)
+            await self.transport.defer(delivery, delay, note=f"back-off: {exc.reason}")
+        except Exception:
+            log.exception(
+                "could not record a back-off; the job returns when its lease expires",
+                extra={"job_id": delivery.job_id, "correlation_id": delivery.correlation_id},
+            )
+            return Outcome.FAILED_TO_RECORD
+        key = self._flow_key(consumer, delivery)
+        self.observers.job_deferred(delivery, consumer.name, "backoff", key, delay)
+        return Outcome.DEFERRED
+
     async def _failed(self, delivery: Delivery, consumer: Consumer, exc: Exception) -> Outcome:
+        if isinstance(exc, BackOff):
+            return await self._back_off(delivery, consumer, exc)
         failure = self._decide(delivery, consumer, exc)
         category, decision, error = failure.category, failure.decision, failure.error
         if not decision.retry:
@@ -703,11 +764,11 @@ class Harness:
         reason: str,
         key: str,
         seconds: float,
-        note: AttemptRecord | None = None,
     ) -> Outcome:
+        """Defer an unrun delivery (its history untouched) and tell the observers."""
         delay = timedelta(seconds=seconds)
         try:
-            await self.transport.defer(delivery, delay, note=note)
+            await self.transport.defer(delivery, delay)
         except Exception:
             log.exception(
                 "could not defer a job; it returns when its lease expires",
@@ -731,44 +792,6 @@ class Harness:
         for nothing once a lease has passed."""
         if self.flow is not None and self.slots:
             await self.flow.extend(sorted(self.slots), self.lease)
-
-    async def _backed_off(
-        self, delivery: Delivery, consumer: Consumer, job: Job[Any], exc: BackOff
-    ) -> Outcome:
-        """The handler raised :class:`~jobfence.BackOff`: its work rolled back; the job's key
-        is held on every worker (a consumer with a limit) and this job waits for the hold to
-        end, its attempt refunded, the back-off in its history."""
-        key = self._key(consumer, delivery, job)
-        seconds = exc.delay.total_seconds()
-        if consumer.limit is not None and self.flow is not None:
-            try:
-                seconds = await self.flow.back_off(delivery.queue, key, exc.delay, exc.reason)
-            except Exception:
-                log.exception(
-                    "could not hold the key for a back-off; only this job waits",
-                    extra={"job_id": delivery.job_id, "queue": delivery.queue},
-                )
-        seconds = max(seconds, MIN_DEFER)
-        log.info(
-            "a handler backed off: the job waits%s",
-            " with its key held" if consumer.limit is not None else "",
-            extra={
-                "job_id": delivery.job_id,
-                "queue": delivery.queue,
-                "key": key,
-                "seconds": round(seconds, 3),
-                "reason": exc.reason,
-            },
-        )
-        now = datetime.now(UTC)
-        note = AttemptRecord(
-            attempt=delivery.attempt,
-            at=_iso(now),
-            category=BACKOFF_CATEGORY,
-            error=f"BackOff: {exc.reason}",
-            retry_at=_iso(now + timedelta(seconds=seconds)),
-        )
-        return await self._defer(delivery, consumer, "backoff", key, seconds, note=note)
 
     async def _dead(
         self,
@@ -813,8 +836,3 @@ class Harness:
             trace=failure.log_trace if failure else None,
         )
         return Outcome.DEAD
-
-
-def _iso(moment: datetime) -> str:
-    """The histories' timestamp shape: ``…T…Z``, microseconds, UTC."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

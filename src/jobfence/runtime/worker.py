@@ -38,6 +38,8 @@ log = logging.getLogger("jobfence.worker")
 NAMED_JOBS = 5
 #: how long cancelled jobs get to roll back and be handed back before the worker stops anyway
 CANCEL_TIMEOUT = 10.0
+#: flow control's keying pass runs at most this often (seconds)
+KEYING_INTERVAL = 0.2
 
 
 @dataclass
@@ -68,16 +70,6 @@ def summary_fields(delta: dict[Outcome, int], seconds: float) -> dict[str, Any]:
         "lost": delta[Outcome.LOST] + delta[Outcome.FAILED_TO_RECORD],
         "interval_s": round(seconds, 3),
     }
-
-
-def flow_control(rt: Runtime) -> FlowControl | None:
-    """The flow-control service of ``rt``'s limited consumers (None: no consumer has a
-    limit), over the database that holds the flow state: the queue's for the database
-    queue, the fence's for a broker."""
-    limits = {queue: c.limit for queue, c in rt.consumers.items() if c.limit is not None}
-    if not limits:
-        return None
-    return FlowControl(rt.transport.jobs_db or rt.db, limits, holder=default_holder())
 
 
 class Worker:
@@ -151,6 +143,9 @@ class Worker:
         #: jobs cancelled at the end of the grace or by a forced stop (rolled back, handed back)
         self.cancelled = 0
 
+        #: flow control over the limited queues among ``queues`` (set by run(); None: none)
+        self.flow: FlowControl | None = None
+        self._keyed_at = 0.0
         #: what /livez and /readyz report for this worker (jobfence.runtime.health)
         self.health = Health("worker")
         self._inflight_reported = 0
@@ -230,6 +225,13 @@ class Worker:
             unregister(self.health)
             raise
         self._runtime = rt = self.app.runtime
+        limits = {
+            q: c.limit for q, c in rt.consumers.items() if c.limit is not None and q in self.queues
+        }
+        rt.transport.use_limits(limits)
+        if limits:
+            flow_db = rt.transport.jobs_db or rt.db
+            self.flow = FlowControl(flow_db, limits, holder=default_holder())
         WORKERS.inc()
         WORKER_SLOTS.inc(self.concurrency)
         loop = asyncio.get_running_loop()
@@ -251,7 +253,7 @@ class Worker:
             work=rt.work,
             tracing=rt.tracing,
             ledger=rt.ledger,
-            flow=flow_control(rt),
+            flow=self.flow,
             lease=rt.lease,
         )
         self._harness = harness
@@ -316,6 +318,11 @@ class Worker:
                 per_slot = harness.batch_limit(self.batch_size)
                 free = (self.concurrency - len(self._inflight)) * per_slot
                 prefetch = self.concurrency * per_slot if self.prefetch is None else self.prefetch
+                if self.flow is not None and self.prefetch is None:
+                    # a claimed job holds its key's slot and has used its start of the rate
+                    # while it waits in the buffer: with limits, claim for free slots only
+                    prefetch = 0
+                await self._key_jobs()
                 self._buffer.extend(await self._fetch(free + prefetch))
             except Exception:
                 log.exception("fetch failed; retrying shortly")
@@ -325,6 +332,22 @@ class Worker:
         # stopping: what was claimed but never started goes back, without costing an attempt
         while self._buffer:
             await self._give_back(self._buffer.popleft())
+
+    async def _key_jobs(self) -> None:
+        """The keying pass of flow control (at most every ``KEYING_INTERVAL``): jobs of a
+        limited database queue enqueued without their key get it, so the claim can take them."""
+        flow = self.flow
+        if flow is None or self.runtime.transport.jobs_db is None:
+            return
+        now = time.monotonic()
+        if now - self._keyed_at < KEYING_INTERVAL:
+            return
+        self._keyed_at = now
+        keyed = 0
+        for queue in flow.limits:
+            keyed += await flow.key_jobs(queue, self.runtime.consumers[queue].decoder.decode)
+        if keyed:
+            self.runtime.transport.wake()
 
     async def _fetch(self, limit: int) -> list[Delivery]:
         """Fetch, but give up as soon as a stop is requested (a fetch may be queued behind a
@@ -364,7 +387,7 @@ class Worker:
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[list[Outcome]]) -> None:
-        self._inflight.pop(task, None)
+        batch = self._inflight.pop(task, None)
         self._began.pop(task, None)
         if task.cancelled():
             return
@@ -375,9 +398,13 @@ class Worker:
         outcomes = task.result()
         for outcome in outcomes:
             self.stats.outcomes[outcome] += 1
-        if Outcome.RETRY in outcomes:
+        if Outcome.RETRY in outcomes or Outcome.DEFERRED in outcomes:
             # a waiting fetch looked for the next due job before this retry was written:
             # wake it, so that it reads the retry's due time instead of sleeping a full poll
+            self.runtime.transport.wake()
+        elif self.flow is not None and batch and any(d.queue in self.flow.limits for d in batch):
+            # a limited queue's job ended: its key has room again (a waiting fetch may wait
+            # for a lease's end, the latest that room comes back)
             self.runtime.transport.wake()
 
     async def _give_back(self, delivery: Delivery) -> None:
@@ -492,6 +519,8 @@ class Worker:
             while True:
                 try:
                     await self.runtime.transport.maintenance()
+                    if self.flow is not None:
+                        await self.flow.prune()
                 except Exception:
                     log.exception("queue maintenance failed")
                 await asyncio.sleep(interval)

@@ -14,10 +14,11 @@ transaction.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
-from ..core.jobs import AttemptRecord, Delivery, OutgoingJob
+from ..core.jobs import Delivery, OutgoingJob
+from ..core.limits import Limit
 from ..db import Database, Tx
 from ..errors import (
     Category,
@@ -150,15 +151,14 @@ class Transport(ABC):
         """Give a delivery back now (graceful shutdown); ``attempted=False`` refunds it."""
 
     @abstractmethod
-    async def defer(
-        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
-    ) -> None:
-        """Put ``delivery`` back on its queue, to be delivered again after ``delay``, without
-        counting this attempt (flow control said "not now") — :meth:`release` with
-        ``attempted=False``, later. Its history is untouched, but for ``note`` appended when
-        given (a handler's back-off says why the job waited). At least once: a worker killed
-        while deferring leaves the job on its queue (the old delivery comes back after its
-        lease, or both copies come back and the fence absorbs the second)."""
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
+        """Put ``delivery`` back on its queue, to be delivered again after ``delay`` (never
+        before), without consuming an attempt (flow control: its key is full, held or
+        paused) — :meth:`release` with ``attempted=False``, later. ``note``: the history
+        records the deferral (category ``DEFERRED``, the note as its error, when it is due);
+        None: the history is untouched. At least once: a worker killed while deferring
+        leaves the job on its queue (the old delivery comes back after its lease, or both
+        copies come back and the fence absorbs the second)."""
 
     async def dead_lettered(
         self, delivery: Delivery, *, consumer: str, category: Category, code: str | None
@@ -183,6 +183,16 @@ class Transport(ABC):
         """:meth:`retry` inside the work transaction ``tx``, for a delivery already acked in
         it (group commit). Only a queue in the fence's database can (:attr:`queue_db`)."""
         raise ConfigurationError(f"the {self.name} transport cannot retry inside a transaction")
+
+    async def defer_tx(self, tx: Tx, delivery: Delivery, delay: timedelta, note: str) -> None:
+        """:meth:`defer` inside the work transaction ``tx`` for a delivery already acked in
+        it (group commit). Only a queue in the fence's database can."""
+        raise ConfigurationError(f"the {self.name} transport cannot defer inside a transaction")
+
+    def use_limits(self, limits: Mapping[str, Limit]) -> None:
+        """The consumers' flow limits (queue → Limit), set by the worker before it fetches:
+        the database queue enforces them in its claim; a broker ignores them (the harness
+        admits its deliveries through jobfence.runtime.flow)."""
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         """Renew the leases of deliveries still being worked on (heartbeat)."""

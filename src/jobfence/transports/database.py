@@ -11,22 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import sqlite3
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..core.jobs import (
-    AttemptRecord,
-    Delivery,
-    OutgoingJob,
-    history_from,
-    history_json,
-    partner_of,
-)
+from ..core.jobs import Delivery, OutgoingJob, history_from, history_json, partner_of
+from ..core.limits import Limit
 from ..db import Database, Tx, to_datetime
 from ..db.adopt import SyncConnection
 from ..errors import Category
@@ -37,6 +30,8 @@ from .shielded import ShieldedFetch
 log = logging.getLogger("jobfence.transport")
 
 CHANNEL = "jobfence_jobs"
+#: the category of a deferral in a job's history (not an error: no attempt was consumed)
+DEFERRED = "DEFERRED"
 
 MiB = 1024 * 1024
 #: Room kept for a job row's other columns (ids, history) next to its payload.
@@ -50,6 +45,11 @@ POSTGRESQL_MAX_PAYLOAD = 512 * MiB - ROW_ROOM
 
 #: the rows a claim over several queues may lock in each queue, at least (or the whole limit)
 PER_QUEUE_MIN = 50
+#: a limited queue's claim reads at most this many due jobs of keys with room per job it may
+#: take (at least FLOW_SCAN_MIN): a key with little room but many jobs at the head of the
+#: queue fills this claim with less, and the next one skips it (saturated)
+FLOW_SCAN_FACTOR = 4
+FLOW_SCAN_MIN = 200
 
 
 def per_queue_limit(limit: int, queues: int) -> int:
@@ -111,10 +111,12 @@ async def enqueue(tx: Tx, jobs: Sequence[OutgoingJob]) -> None:
                 p["payload"],
                 p["partner"],
                 p["trace_context"],
+                p["flow_key"],
             )
             for p in params
         )
-        await tx.copy("copy_jobs", rows, ["text", "text", "text", "bytea", "text", "text"])
+        types = ["text", "text", "text", "bytea", "text", "text", "text"]
+        await tx.copy("copy_jobs", rows, types)
     else:
         await tx.qmany("enqueue", params)
 
@@ -151,6 +153,11 @@ class DatabaseQueue(Transport):
         # at once would find nothing (PostgreSQL only, where enqueues notify)
         self._drained: tuple[str, ...] | None = None
         self._reads = ShieldedFetch()
+        #: flow control: the queues with a Limit, claimed by flow_claim (docs/flow-control.md)
+        self.limits: dict[str, Limit] = {}
+
+    def use_limits(self, limits: Mapping[str, Limit]) -> None:
+        self.limits = dict(limits)
 
     def _queues_param(self, queues: Sequence[str]) -> Any:
         return self.db.array(queues)
@@ -200,6 +207,47 @@ class DatabaseQueue(Transport):
                 self._wake.set()
 
     async def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        if not self.limits:
+            return await self._claim_plain(queues, limit)
+        plain = [q for q in queues if q not in self.limits]
+        share = per_queue_limit(limit, len(queues))
+        found: list[Delivery] = []
+        for queue in queues:
+            if queue in self.limits and len(found) < limit:
+                found += await self._claim_limited(queue, min(share, limit - len(found)))
+        if plain and len(found) < limit:
+            found += await self._claim_plain(plain, limit - len(found))
+        return found
+
+    async def _claim_limited(self, queue: str, limit: int) -> list[Delivery]:
+        """The claim of a queue with a Limit: under its flow lock, a killed worker's expired
+        jobs handed back (their slots free from their lease's end), due jobs of keys with
+        room claimed and their starts recorded, in one transaction (``flow_claim``)."""
+        flow = self.limits[queue]
+        rate = flow.rate
+        async with self.db.transaction() as tx:
+            if tx.dialect == "postgresql":
+                await tx.q("flow_lock", {"queue": queue})
+            await tx.q("flow_reap", {"queue": queue})
+            rows = await tx.q(
+                "flow_claim",
+                {
+                    "queue": queue,
+                    "limit": limit,
+                    "scan": max(limit * FLOW_SCAN_FACTOR, FLOW_SCAN_MIN),
+                    "concurrency": flow.concurrency,
+                    "rate": rate.count if rate is not None else None,
+                    "per": rate.seconds if rate is not None else 0.0,
+                    "lease": self.lease.total_seconds(),
+                    "worker_id": self.worker_id,
+                },
+            )
+            if rows and rate is not None:
+                keys = [row["flow_key"] for row in rows]
+                await tx.q("flow_record_starts", {"queue": queue, "keys": self.db.array(keys)})
+        return self._deliveries(rows)
+
+    async def _claim_plain(self, queues: Sequence[str], limit: int) -> list[Delivery]:
         rows = await self.db.run(
             "claim",
             {
@@ -210,6 +258,9 @@ class DatabaseQueue(Transport):
                 "worker_id": self.worker_id,
             },
         )
+        return self._deliveries(rows)
+
+    def _deliveries(self, rows: Sequence[Mapping[str, Any]]) -> list[Delivery]:
         return [
             Delivery(
                 queue=row["queue"],
@@ -222,6 +273,7 @@ class DatabaseQueue(Transport):
                 token=row["lease_token"],
                 ref=row["id"],
                 trace_context=row["trace_context"],
+                flow_key=row.get("flow_key"),
             )
             for row in rows
         ]
@@ -243,10 +295,7 @@ class DatabaseQueue(Transport):
             found = await self._claim_noting(queues, limit)
             if found:
                 return found
-        rows = await self.db.run("next_run_at", {"queues": self._queues_param(queues)})
-        wait = timeout
-        if rows and rows[0]["wait"] is not None:
-            wait = max(0.0, min(wait, float(rows[0]["wait"])))
+        wait = min(timeout, await self._next_wait(queues))
         if self.db.dialect == "sqlite":
             # No notifications across processes: poll briefly (in-process enqueues wake us).
             wait = min(wait, self._sqlite_poll)
@@ -255,6 +304,34 @@ class DatabaseQueue(Transport):
                 async with asyncio.timeout(wait):
                     await self._wake.wait()
         return await self._claim_noting(queues, limit)
+
+    async def _next_wait(self, queues: Sequence[str]) -> float:
+        """Seconds until a job of ``queues`` can be claimed at the earliest (inf: none waits):
+        a due time; on a limited queue also a back-off's end, the rate window's oldest start
+        leaving it, a full key's first lease running out (a job's end wakes the worker)."""
+        plain = [q for q in queues if q not in self.limits]
+        waits: list[float] = []
+        if plain:
+            rows = await self.db.run("next_run_at", {"queues": self._queues_param(plain)})
+            if rows and rows[0]["wait"] is not None:
+                waits.append(float(rows[0]["wait"]))
+        for queue in queues:
+            flow = self.limits.get(queue)
+            if flow is None:
+                continue
+            rate = flow.rate
+            rows = await self.db.run(
+                "flow_next_run",
+                {
+                    "queue": queue,
+                    "concurrency": flow.concurrency,
+                    "rate": rate.count if rate is not None else None,
+                    "per": rate.seconds if rate is not None else 0.0,
+                },
+            )
+            if rows and rows[0]["wait"] is not None:
+                waits.append(float(rows[0]["wait"]))
+        return max(0.0, min(waits, default=float("inf")))
 
     async def _claim_noting(self, queues: Sequence[str], limit: int) -> list[Delivery]:
         """Claim, noting whether the queues were drained. The wake-up flag is cleared
@@ -324,26 +401,42 @@ class DatabaseQueue(Transport):
                 "category": category.value,
                 "error": error,
                 "trace": trace,
+                "flow_key": delivery.flow_key,
+            },
+        )
+
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
+        await self.db.run(
+            "defer", {**self._ref(delivery), "delay": delay.total_seconds(), "note": note}
+        )
+        self.wake()
+
+    async def defer_tx(self, tx: Tx, delivery: Delivery, delay: timedelta, note: str) -> None:
+        """:meth:`defer` for a delivery already acked in ``tx`` (group commit): its row is
+        written again, scheduled, the attempt refunded, the deferral in its history."""
+        await tx.q(
+            "requeue",
+            {
+                "queue": delivery.queue,
+                "job_id": delivery.job_id,
+                "correlation_id": delivery.correlation_id,
+                "payload": delivery.payload,
+                "attempts": max(delivery.attempt - 1, 0),
+                "delay": delay.total_seconds(),
+                "enqueued_at": delivery.enqueued_at,
+                "history": history_json(delivery.history),
+                "partner": partner_of(delivery.payload),
+                "trace_context": delivery.trace_context,
+                "category": DEFERRED,
+                "error": note,
+                "trace": None,
+                "flow_key": delivery.flow_key,
             },
         )
 
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
         await self.db.run("release", {**self._ref(delivery), "refund": 0 if attempted else 1})
         self.wake()
-
-    async def defer(
-        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
-    ) -> None:
-        """The row back to ``available`` with ``run_at`` ``delay`` ahead and its attempt
-        refunded, ``note`` appended to its history, in one statement."""
-        await self.db.run(
-            "defer",
-            {
-                **self._ref(delivery),
-                "delay": delay.total_seconds(),
-                "note": None if note is None else json.dumps(note.to_json()),
-            },
-        )
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:

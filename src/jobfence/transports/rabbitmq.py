@@ -43,10 +43,10 @@ import aio_pika
 import aio_pika.abc
 import aiormq.exceptions
 
-from ..core.jobs import AttemptRecord, Delivery, OutgoingJob
+from ..core.jobs import Delivery, OutgoingJob
 from ..errors import Category, ConfigurationError
 from . import Transport
-from ._broker import Meta, Options, retry_record
+from ._broker import Meta, Options, deferred_history, retry_record
 
 log = logging.getLogger("jobfence.transport.rabbitmq")
 
@@ -438,13 +438,11 @@ class RabbitMQTransport(Transport):
         attempts = delivery.attempt if attempted else delivery.attempt - 1
         await self._republish(delivery, attempts=attempts, delay=0.0)
 
-    async def defer(
-        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
-    ) -> None:
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
         """A refunded copy through the delay bucket for ``delay`` (confirmed), then the old
         message acked: a new message, so its ``x-delivery-count`` starts again and no number
         of deferrals reaches the delivery limit."""
-        history = delivery.history if note is None else [*delivery.history, note]
+        history = deferred_history(delivery, delay, note)
         meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
         route = await self._route(delivery.queue, delay.total_seconds())
         await self._send(route, delivery.payload, meta)

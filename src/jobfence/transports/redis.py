@@ -36,10 +36,10 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from ..core.jobs import AttemptRecord, Delivery, OutgoingJob
+from ..core.jobs import Delivery, OutgoingJob
 from ..errors import Category, ConfigurationError
 from . import Transport
-from ._broker import Meta, Options, retry_record
+from ._broker import Meta, Options, deferred_history, retry_record
 from .shielded import ShieldedFetch
 
 log = logging.getLogger("jobfence.transport.redis")
@@ -493,13 +493,11 @@ class RedisTransport(Transport):
             delivery, Meta.again(delivery, attempts=attempts, history=delivery.history), 0.0
         )
 
-    async def defer(
-        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
-    ) -> None:
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
         """A refunded copy into the delayed set (or the stream, for no delay) and the old
         entry acked, in one script: no moment holds both or neither."""
         seconds = max(delay.total_seconds(), 0.0)
-        history = delivery.history if note is None else [*delivery.history, note]
+        history = deferred_history(delivery, delay, note)
         meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
         await self._copy(delivery, meta, seconds)
         if seconds > 0:

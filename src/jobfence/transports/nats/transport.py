@@ -28,13 +28,14 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from ...core.jobs import AttemptRecord, Delivery, OutgoingJob
+from ...core.jobs import Delivery, OutgoingJob
 from ...errors import Category, ConfigurationError, EnqueueError
 from .. import Transport
 from .._broker import (
     DELAY,
     Meta,
     Options,
+    deferred_history,
     retry_record,
 )
 from ..shielded import ShieldedFetch
@@ -385,9 +386,7 @@ class NatsTransport(NatsTopology, Transport):
             await self._save_state(token.stream, token.seq, state)
         await token.msg.nak()
 
-    async def defer(
-        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
-    ) -> None:
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
         """Nak'ed with ``delay`` and the delivery refunded in the message's state, while its
         ``num_delivered`` leaves room under MaxDeliver (a nak counts a delivery there);
         else, and for a message JetStream gave up on, a refunded copy with the delay in its
@@ -399,12 +398,12 @@ class NatsTransport(NatsTopology, Transport):
             state = token.state or MessageState()
             state.refunds += 1
             if note is not None:
-                state.history.append(note)
+                state.history.append(deferred_history(delivery, delay, note)[-1])
             await self._save_state(token.stream, token.seq, state)
             token.state = state
             await token.msg.nak(delay=seconds or None)
             return
-        history = delivery.history if note is None else [*delivery.history, note]
+        history = deferred_history(delivery, delay, note)
         meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
         await self._send(delivery.queue, delivery.payload, meta, seconds)
         await self.ack(delivery)

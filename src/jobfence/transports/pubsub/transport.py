@@ -23,10 +23,10 @@ from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOT
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 
-from ...core.jobs import AttemptRecord, Delivery, OutgoingJob
+from ...core.jobs import Delivery, OutgoingJob
 from ...errors import Category, ConfigurationError
 from .. import Transport
-from .._broker import Meta, Options, retry_record
+from .._broker import Meta, Options, deferred_history, retry_record
 from ..shielded import ShieldedFetch
 from .attributes import ATTRIBUTES_RESERVE, MAX_MESSAGE_BYTES, attributes, read_meta
 from .delayed import DelayedHolds
@@ -315,9 +315,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
             delivery, Meta.again(delivery, attempts=attempts, history=delivery.history), 0.0
         )
 
-    async def defer(
-        self, delivery: Delivery, delay: timedelta, *, note: AttemptRecord | None = None
-    ) -> None:
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
         """A refunded copy on the delay topic (held there until due, like a retry's), then
         the old message acked: the copy's ``delivery_attempt`` starts again, so no number of
         deferrals reaches ``max_delivery_attempts``."""
@@ -326,7 +324,7 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
             seconds = min(max(math.ceil(delay.total_seconds()), 0), MAX_ACK_DEADLINE)
             await self._modify(token.subscription, [token.ack_id], seconds)
             return
-        history = delivery.history if note is None else [*delivery.history, note]
+        history = deferred_history(delivery, delay, note)
         meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
         await self._copy(delivery, meta, max(delay.total_seconds(), 0.0))
 

@@ -2,9 +2,9 @@
 
 -- name: enqueue
 INSERT INTO core_jobs (queue, job_id, correlation_id, payload, run_at, enqueued_at, partner,
-                       trace_context)
+                       trace_context, flow_key)
 VALUES (:queue, :job_id, :correlation_id, :payload, {NOW} + :delay, {NOW}, :partner,
-        :trace_context)
+        :trace_context, :flow_key)
 
 -- name: claim
 UPDATE core_jobs SET
@@ -23,6 +23,117 @@ WHERE id IN (
 )
 RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lease_token,
           history, trace_context
+
+-- name: flow_claim
+-- The claim of one queue with a Limit (jobfence.runtime.flow); SQLite's one writer makes it,
+-- flow_reap before it and the starts the caller records next (flow_record_starts) one step.
+-- Due jobs of keys that are not held and have room, at most room per key (concurrency:
+-- running jobs; rate: starts in the window of `per` that ends now), the oldest first;
+-- saturated keys are filtered out before the LIMIT of the scan.
+WITH busy AS (
+    SELECT flow_key AS key, count(*) AS n FROM core_jobs
+    WHERE queue = :queue AND state = 'running' AND flow_key IS NOT NULL
+    GROUP BY flow_key
+),
+recent AS (
+    SELECT key, count(*) AS n FROM core_flow_starts
+    WHERE :rate IS NOT NULL AND queue = :queue AND started_at > {NOW} - :per
+    GROUP BY key
+),
+blocked AS (
+    SELECT key FROM busy WHERE n >= :concurrency
+    UNION SELECT key FROM recent WHERE n >= :rate
+    UNION SELECT key FROM core_flow_holds
+          WHERE queue = :queue AND (until IS NULL OR until > {NOW})
+),
+candidates AS (
+    SELECT j.id, j.flow_key, j.run_at FROM core_jobs AS j
+    WHERE j.state = 'available' AND j.queue = :queue AND j.run_at <= {NOW}
+      AND j.flow_key IS NOT NULL
+      AND j.flow_key NOT IN (SELECT key FROM blocked)
+      AND :queue NOT IN (SELECT queue FROM core_queue_pauses)
+    ORDER BY j.run_at, j.id
+    LIMIT :scan
+),
+picked AS (
+    SELECT r.id FROM (
+        SELECT c.id, c.flow_key, c.run_at,
+               row_number() OVER (PARTITION BY c.flow_key ORDER BY c.run_at, c.id) AS rank
+        FROM candidates AS c
+    ) AS r
+    LEFT JOIN busy AS b ON b.key = r.flow_key
+    LEFT JOIN recent AS s ON s.key = r.flow_key
+    WHERE r.rank <= coalesce(:concurrency - coalesce(b.n, 0), 1000000000)
+      AND r.rank <= coalesce(:rate - coalesce(s.n, 0), 1000000000)
+    ORDER BY r.run_at, r.id
+    LIMIT :limit
+)
+UPDATE core_jobs SET
+    state = 'running',
+    attempts = attempts + 1,
+    lease_token = lower(hex(randomblob(16))),
+    lease_expires_at = {NOW} + :lease,
+    worker_id = :worker_id
+WHERE id IN (SELECT id FROM picked) AND state = 'available'
+RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lease_token,
+          history, trace_context, flow_key
+
+-- name: flow_reap
+-- First in a limited claim's transaction: the queue's running jobs whose lease ran out (their
+-- worker was killed or lost; no job transaction is open while this one writes) go back to
+-- available, so their slots are free again the moment their lease ends.
+UPDATE core_jobs SET
+    state = 'available',
+    run_at = {NOW},
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    history = json_insert(history, '$[#]', json_object(
+        'attempt', attempts,
+        'at', {NOW_ISO},
+        'category', 'TECHNICAL_ERROR',
+        'error', 'lease expired: the worker ' || coalesce(worker_id, '?')
+                 || ' stopped renewing it (killed or lost)')),
+    worker_id = NULL
+WHERE state = 'running' AND queue = :queue AND lease_expires_at < {NOW}
+RETURNING id
+
+-- name: flow_next_run
+-- When a limited queue can next give a job, in seconds from now (NULL: no keyed job waits;
+-- 1e18: only paused keys wait): per key with available jobs, the latest of its first job's
+-- run_at, its back-off's end, the moment its oldest start leaves the rate's window (when
+-- the window is full) and its first lease's end (when its slots are all taken).
+WITH waiting AS (
+    SELECT flow_key AS key, min(run_at) AS first_run FROM core_jobs
+    WHERE queue = :queue AND state = 'available' AND flow_key IS NOT NULL
+    GROUP BY flow_key
+),
+busy AS (
+    SELECT flow_key AS key, count(*) AS n,
+           coalesce(min(CASE WHEN lease_expires_at > {NOW} THEN lease_expires_at END), 1e18)
+               AS first_end
+    FROM core_jobs
+    WHERE queue = :queue AND state = 'running' AND flow_key IS NOT NULL
+    GROUP BY flow_key
+),
+recent AS (
+    SELECT key, count(*) AS n, min(started_at) AS oldest FROM core_flow_starts
+    WHERE :rate IS NOT NULL AND queue = :queue AND started_at > {NOW} - :per
+    GROUP BY key
+),
+held AS (
+    SELECT key, max(coalesce(until, 1e18)) AS until FROM core_flow_holds
+    WHERE queue = :queue GROUP BY key
+)
+SELECT min(max(
+    w.first_run,
+    coalesce(h.until, 0),
+    CASE WHEN s.n >= :rate THEN s.oldest + :per ELSE 0 END,
+    CASE WHEN b.n >= :concurrency THEN b.first_end ELSE 0 END
+)) - {NOW} AS wait
+FROM waiting AS w
+LEFT JOIN held AS h ON h.key = w.key
+LEFT JOIN recent AS s ON s.key = w.key
+LEFT JOIN busy AS b ON b.key = w.key
 
 -- name: next_run_at
 SELECT min(run_at) - {NOW} AS wait
@@ -75,25 +186,31 @@ UPDATE core_jobs SET
         json_object('trace', :trace)))
 WHERE id = :id AND lease_token = :token
 
+-- name: defer
+-- A job that may not run yet (its key backs off): available again at now + delay with its
+-- attempt refunded; with a note, its history records the deferral (category DEFERRED,
+-- attempt: the attempts consumed so far).
+UPDATE core_jobs SET
+    state = 'available',
+    run_at = {NOW} + :delay,
+    attempts = max(attempts - 1, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    worker_id = NULL,
+    history = CASE WHEN :note IS NULL THEN history
+              ELSE json_insert(history, '$[#]', json_object(
+        'attempt', max(attempts - 1, 0),
+        'at', {NOW_ISO},
+        'category', 'DEFERRED',
+        'error', :note,
+        'retry_at', strftime('%Y-%m-%dT%H:%M:%fZ', {NOW} + :delay, 'unixepoch'))) END
+WHERE id = :id AND lease_token = :token
+
 -- name: release
 UPDATE core_jobs SET
     state = 'available',
     run_at = {NOW},
     attempts = max(attempts - :refund, 0),
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    worker_id = NULL
-WHERE id = :id AND lease_token = :token
-
--- name: defer
--- flow control said "not now": back to the queue, due after the delay, the attempt refunded,
--- the note (a back-off's record) appended to the history when there is one
-UPDATE core_jobs SET
-    state = 'available',
-    run_at = {NOW} + :delay,
-    attempts = max(attempts - 1, 0),
-    history = CASE WHEN :note IS NULL THEN history
-                   ELSE json_insert(history, '$[#]', json(:note)) END,
     lease_token = NULL,
     lease_expires_at = NULL,
     worker_id = NULL
