@@ -17,9 +17,21 @@ from typing import Any
 
 import pytest
 
-from jobfence import App, BackOff, Job, Limit, Observer, Rate, RetryPolicy, Tx
+from jobfence import (
+    App,
+    BackOff,
+    BusinessError,
+    Job,
+    Limit,
+    Observer,
+    Rate,
+    RetryPolicy,
+    TemporaryError,
+    Tx,
+)
 from jobfence.core.jobs import Delivery
 from jobfence.review import deadletters
+from jobfence.runtime.harness import Outcome
 
 from ..contract.support import Target, cleanup, make_target
 from ..helpers import RunningWorker, eventually, query
@@ -150,3 +162,42 @@ async def test_a_back_off_holds_the_whole_key_on_every_worker(redis: Target) -> 
 async def _count(target: Target, expected: int) -> bool:
     rows = await query(target.database_url, "SELECT count(*) FROM flow_runs")
     return int(rows[0][0]) == expected
+
+
+async def test_slots_come_back_after_every_outcome(redis: Target) -> None:
+    """Limit(concurrency=1) and a lease of 60 s: a job that fails once (retried), one that is
+    dead-lettered and one that succeeds all end, one after another on the one slot, and no
+    live slot is left: each outcome gave its slot back (an expiry could not have, within a
+    minute)."""
+    app = App(redis.database_url, transport=redis.transport_url, lease=timedelta(seconds=60),
+              auto_migrate=True)  # fmt: skip
+    ran: list[tuple[str, int]] = []
+
+    @app.consumer(redis.queue, limit=Limit(concurrency=1), retry=POLICY)
+    async def handle(job: Job[dict[str, Any]], tx: Tx) -> None:
+        ran.append((job.job_id, job.attempt))
+        if job.job_id == "flaky" and job.attempt == 1:
+            raise TemporaryError("once")
+        if job.job_id == "bad":
+            raise BusinessError("never")
+
+    async with app:
+        for job_id in ("flaky", "bad", "good"):
+            await app.enqueue(redis.queue, {"n": 1}, job_id=job_id)
+        async with RunningWorker(app, concurrency=3, poll_interval=0.2) as w:
+            outcomes = w.stats.outcomes
+            await eventually(
+                lambda: (outcomes[Outcome.PROCESSED], outcomes[Outcome.DEAD]) == (2, 1),
+                timeout=60,
+                what="every job's outcome",
+            )
+            assert outcomes[Outcome.RETRY] == 1
+            assert sorted(ran) == [("bad", 1), ("flaky", 1), ("flaky", 2), ("good", 1)]
+            assert [letter.job_id for letter in await deadletters.letters(app.db)] == ["bad"]
+            live = await query(
+                redis.database_url,
+                "SELECT count(*) FROM core.flow_slots WHERE queue = %s "
+                "AND expires_at > clock_timestamp()",
+                (redis.queue,),
+            )
+            assert live[0][0] == 0

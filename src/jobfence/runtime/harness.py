@@ -255,7 +255,12 @@ class Harness:
         consumer, job = screened
         if not (self.admits and consumer.limit is not None):
             return await self._run(delivery, consumer, job)
-        deferred, slot = await self._admit(delivery, consumer, job)
+        try:
+            deferred, slot = await self._admit(delivery, consumer, job)
+        except asyncio.CancelledError:
+            # shutdown ran out of patience before the handler: hand the job back, refunded
+            await asyncio.shield(self._give_back(delivery))
+            raise
         if deferred is not None:
             return deferred
         try:
@@ -777,6 +782,12 @@ class Harness:
             return Outcome.FAILED_TO_RECORD
         self.observers.job_deferred(delivery, consumer.name, reason, key, delay)
         return Outcome.DEFERRED
+
+    async def _give_back(self, delivery: Delivery) -> None:
+        try:
+            await self.transport.release(delivery, attempted=False)
+        except Exception:
+            log.exception("could not hand back a job on shutdown; its lease will expire")
 
     async def _release_slot(self, slot: int) -> None:
         self.slots.discard(slot)
