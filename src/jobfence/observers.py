@@ -58,6 +58,17 @@ class Observer:
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         """Our lease was taken over before the work started; another worker owns the job."""
 
+    def job_deferred(
+        self, delivery: Delivery, consumer: str, reason: str, key: str, delay: timedelta
+    ) -> None:
+        """Flow control put a broker delivery back on its queue for ``delay`` without running
+        it and without counting an attempt. ``reason``: ``concurrency`` or ``rate`` (its
+        key's limit is full), ``backoff`` (the key is held: a handler raised
+        :class:`~jobfence.BackOff`, and then this delivery is the one that raised it),
+        ``pause`` (an operator paused the key), ``unavailable`` (the flow state could not
+        be read: the database is away). ``key``: the job's flow key (``""``: the whole
+        queue)."""
+
     async def after_commit(self, job: Job[Any]) -> None:
         """The work transaction committed; the transport has not been acked yet."""
 
@@ -159,6 +170,11 @@ class Observers(Observer):
     def job_lost(self, delivery: Delivery, consumer: str) -> None:
         self._each("job_lost", delivery, consumer)
 
+    def job_deferred(
+        self, delivery: Delivery, consumer: str, reason: str, key: str, delay: timedelta
+    ) -> None:
+        self._each("job_deferred", delivery, consumer, reason, key, delay)
+
     def call_finished(self, job: Job[Any], consumer: str, step: str, outcome: str) -> None:
         self._each("call_finished", job, consumer, step, outcome)
 
@@ -197,6 +213,7 @@ _HOOKS = (
     "job_retry",
     "job_dead",
     "job_lost",
+    "job_deferred",
     "after_commit",
     "call_finished",
     "call_reconciled",

@@ -22,6 +22,7 @@ import contextvars
 import enum
 import inspect
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
@@ -57,7 +58,7 @@ from ..review.letters import DEFAULT_PAYLOAD_LIMIT
 from ..tracing import Tracing
 from ..transports import Transport
 from . import hosted
-from .flow import hold, key_for
+from .flow import Admitted, Deferred, FlowControl, hold, key_for
 
 log = logging.getLogger("jobfence.harness")
 
@@ -71,7 +72,9 @@ class Outcome(enum.Enum):
     DEAD = "dead"
     LOST = "lost"
     FAILED_TO_RECORD = "failed_to_record"  # the store was unreachable; the lease will redeliver
-    DEFERRED = "deferred"  # flow control: back later, no attempt consumed (a BackOff)
+    #: flow control put it back on its queue for later, its attempt refunded: a BackOff, or
+    #: a broker delivery over its key's limit (unrun)
+    DEFERRED = "deferred"
 
 
 #: a group-commit transaction is expected to stay open about this long at most: under a
@@ -83,6 +86,18 @@ class Outcome(enum.Enum):
 BATCH_SPAN = 2.0
 
 Handler = Callable[[Job[Any], Any], Awaitable[None] | None]
+
+#: A broker delivery over its key's concurrency asks again after about the recent handler
+#: time (a slot frees when a job ends), within these bounds (seconds), plus up to half again
+#: at random so that the deliveries waiting on one key do not all come back at once
+RECHECK_MIN = 0.05
+RECHECK_MAX = 1.0
+#: a delivery of a paused key asks again after this many seconds (a resume is not announced)
+PAUSE_RECHECK = 5.0
+#: the flow state could not be read (the database is away): ask again after this long
+UNAVAILABLE_RECHECK = 1.0
+#: the shortest deferral (a rate window that frees "now" still needs its clock tick)
+MIN_DEFER = 0.01
 
 
 @dataclass(frozen=True)
@@ -146,8 +161,20 @@ class Harness:
         work: WorkSource | None = None,
         tracing: Tracing | None = None,
         ledger: Ledger | None = None,
+        flow: FlowControl | None = None,
+        lease: timedelta = timedelta(seconds=30),
     ) -> None:
         self.consumers = consumers
+        #: flow control (docs/flow-control.md): limited queues' broker deliveries are admitted
+        #: through it before their handler runs, and handlers' back-offs hold keys there
+        self.flow = flow
+        #: a broker has no running rows to count: admit each delivery (the database queue's
+        #: claim enforces the limits itself)
+        self.admits = flow is not None and transport.jobs_db is None
+        #: a slot lives as long as a delivery's lease, renewed with it (:meth:`renew_slots`)
+        self.lease = lease
+        #: the concurrency slots this harness holds (ids in ``core.flow_slots``)
+        self.slots: set[int] = set()
         #: the call ledger handlers reach through ``job.call`` (None: no calls)
         self.ledger = ledger
         self.db = db
@@ -226,6 +253,24 @@ class Harness:
         if isinstance(screened, Outcome):
             return screened
         consumer, job = screened
+        if not (self.admits and consumer.limit is not None):
+            return await self._run(delivery, consumer, job)
+        try:
+            deferred, slot = await self._admit(delivery, consumer, job)
+        except asyncio.CancelledError:
+            # shutdown ran out of patience before the handler: hand the job back, refunded
+            await asyncio.shield(self._give_back(delivery))
+            raise
+        if deferred is not None:
+            return deferred
+        try:
+            return await self._run(delivery, consumer, job)
+        finally:
+            if slot is not None:
+                await asyncio.shield(self._release_slot(slot))
+
+    async def _run(self, delivery: Delivery, consumer: Consumer, job: Job[Any]) -> Outcome:
+        """The job through its fence and its handler to its outcome."""
         ack_in_tx = self.acks_in_tx
         try:
             if consumer.host is not None:
@@ -501,6 +546,10 @@ class Harness:
                 await fence.unclaim_tx(tx, consumer.name, delivery.job_id)
             delay = await self._hold_key(delivery, consumer, exc, tx)
             await self.transport.defer_tx(tx, delivery, delay, f"back-off: {exc.reason}")
+            key = self._flow_key(consumer, delivery)
+            notes.append(
+                partial(self.observers.job_deferred, delivery, consumer.name, "backoff", key, delay)
+            )
             return Outcome.DEFERRED
         failure = self._decide(delivery, consumer, exc)
         category, decision, error = failure.category, failure.decision, failure.error
@@ -604,9 +653,7 @@ class Harness:
         job waits (the key's hold from now: a longer one in place stays)."""
         if consumer.limit is None:
             return exc.delay
-        key = delivery.flow_key
-        if key is None:
-            key = key_for(consumer.limit, delivery.payload, consumer.decoder.decode)
+        key = self._flow_key(consumer, delivery)
         held = await hold(
             self.transport.jobs_db or self.db,
             delivery.queue,
@@ -629,6 +676,12 @@ class Harness:
         )
         return exc.delay if held is None else max(timedelta(seconds=held), exc.delay)
 
+    def _flow_key(self, consumer: Consumer, delivery: Delivery) -> str:
+        """The job's flow key (the database queue's claim read it already)."""
+        if delivery.flow_key is not None:
+            return delivery.flow_key
+        return key_for(consumer.limit, delivery.payload, consumer.decoder.decode)
+
     async def _back_off(self, delivery: Delivery, consumer: Consumer, exc: BackOff) -> Outcome:
         try:
             delay = await self._hold_key(delivery, consumer, exc)
@@ -639,6 +692,8 @@ class Harness:
                 extra={"job_id": delivery.job_id, "correlation_id": delivery.correlation_id},
             )
             return Outcome.FAILED_TO_RECORD
+        key = self._flow_key(consumer, delivery)
+        self.observers.job_deferred(delivery, consumer.name, "backoff", key, delay)
         return Outcome.DEFERRED
 
     async def _failed(self, delivery: Delivery, consumer: Consumer, exc: Exception) -> Outcome:
@@ -664,6 +719,90 @@ class Harness:
             delivery, consumer.name, category, decision.delay, error, trace=failure.log_trace
         )
         return Outcome.RETRY
+
+    # -- flow control (docs/flow-control.md) -----------------------------------------------
+
+    def _key(self, consumer: Consumer, delivery: Delivery, job: Job[Any]) -> str:
+        """The job's flow key, from the payload the handler gets (decoded once)."""
+        return key_for(consumer.limit, delivery.payload, lambda _raw: job.payload)
+
+    async def _admit(
+        self, delivery: Delivery, consumer: Consumer, job: Job[Any]
+    ) -> tuple[Outcome | None, int | None]:
+        """Admit a broker delivery of a limited queue: (None, its slot or None) when it may
+        run; else (its outcome, None), the delivery deferred to when capacity may be back,
+        unrun, its attempt refunded."""
+        assert self.flow is not None
+        key = self._key(consumer, delivery, job)
+        try:
+            answer = await self.flow.admit(delivery.queue, key, delivery.job_id, self.lease)
+        except Exception:
+            log.exception(
+                "flow control could not admit a job; it waits and asks again",
+                extra={"job_id": delivery.job_id, "queue": delivery.queue},
+            )
+            return await self._defer(
+                delivery, consumer, "unavailable", key, UNAVAILABLE_RECHECK
+            ), None
+        if isinstance(answer, Admitted):
+            if answer.slot is not None:
+                self.slots.add(answer.slot)
+            return None, answer.slot
+        return await self._defer(delivery, consumer, answer.reason, key, self._wait(answer)), None
+
+    def _wait(self, answer: Deferred) -> float:
+        """How long a deferred delivery waits before it asks again."""
+        if answer.wait is None:  # paused until an operator resumes the key
+            return PAUSE_RECHECK
+        if answer.reason == "concurrency":
+            # the earliest a slot frees for sure is its lease's end; a job ending frees one
+            # sooner, about a handler's time from now
+            recent = self.handler_time if self.handler_time is not None else RECHECK_MIN
+            recheck = min(max(recent, RECHECK_MIN), RECHECK_MAX) * random.uniform(1.0, 1.5)
+            return max(min(answer.wait, recheck), MIN_DEFER)
+        return max(answer.wait, MIN_DEFER)  # a rate window's oldest start leaves it; a back-off
+
+    async def _defer(
+        self,
+        delivery: Delivery,
+        consumer: Consumer,
+        reason: str,
+        key: str,
+        seconds: float,
+    ) -> Outcome:
+        """Defer an unrun delivery (its history untouched) and tell the observers."""
+        delay = timedelta(seconds=seconds)
+        try:
+            await self.transport.defer(delivery, delay)
+        except Exception:
+            log.exception(
+                "could not defer a job; it returns when its lease expires",
+                extra={"job_id": delivery.job_id, "queue": delivery.queue, "reason": reason},
+            )
+            return Outcome.FAILED_TO_RECORD
+        self.observers.job_deferred(delivery, consumer.name, reason, key, delay)
+        return Outcome.DEFERRED
+
+    async def _give_back(self, delivery: Delivery) -> None:
+        try:
+            await self.transport.release(delivery, attempted=False)
+        except Exception:
+            log.exception("could not hand back a job on shutdown; its lease will expire")
+
+    async def _release_slot(self, slot: int) -> None:
+        self.slots.discard(slot)
+        assert self.flow is not None
+        try:
+            await self.flow.release(slot)
+        except Exception:
+            log.exception("could not give back a concurrency slot; it expires with its lease")
+
+    async def renew_slots(self) -> None:
+        """Renew the concurrency slots of the deliveries still running (with their leases:
+        the worker's heartbeat). A worker that dies stops renewing them, and its slots count
+        for nothing once a lease has passed."""
+        if self.flow is not None and self.slots:
+            await self.flow.extend(sorted(self.slots), self.lease)
 
     async def _dead(
         self,

@@ -66,6 +66,7 @@ def summary_fields(delta: dict[Outcome, int], seconds: float) -> dict[str, Any]:
         "retries": delta[Outcome.RETRY],
         "dead_letters": delta[Outcome.DEAD],
         "duplicates": delta[Outcome.DUPLICATE],
+        "deferred": delta[Outcome.DEFERRED],
         "lost": delta[Outcome.LOST] + delta[Outcome.FAILED_TO_RECORD],
         "interval_s": round(seconds, 3),
     }
@@ -129,6 +130,7 @@ class Worker:
         #: (None: concurrency × the jobs a batch takes now, see Harness.batch_limit)
         self.prefetch = prefetch
         self._runtime: Runtime | None = None  # the app's, once run() opened it
+        self._harness: Harness | None = None  # once run() built it
         self._buffer: collections.deque[Delivery] = collections.deque()
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
@@ -252,7 +254,10 @@ class Worker:
             work=rt.work,
             tracing=rt.tracing,
             ledger=rt.ledger,
+            flow=self.flow,
+            lease=rt.lease,
         )
+        self._harness = harness
         background = [
             asyncio.create_task(
                 self.health.watch(rt.db, self._report_inflight), name="jobfence-health"
@@ -500,6 +505,11 @@ class Worker:
                     await self.runtime.transport.extend(held)
                 except Exception:
                     log.exception("lease renewal failed")
+            if self._harness is not None and self._harness.slots:
+                try:
+                    await self._harness.renew_slots()
+                except Exception:
+                    log.exception("concurrency slot renewal failed")
 
     async def _maintenance(self) -> None:
         """Queue upkeep (expired leases) plus the app's housekeeping: fence cleanup, alert

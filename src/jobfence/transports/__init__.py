@@ -170,6 +170,16 @@ class Transport(ABC):
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
         """Give a delivery back now (graceful shutdown); ``attempted=False`` refunds it."""
 
+    @abstractmethod
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
+        """Put ``delivery`` back on its queue, to be delivered again after ``delay`` (never
+        before), without consuming an attempt (flow control: its key is full, held or
+        paused) — :meth:`release` with ``attempted=False``, later. ``note``: the history
+        records the deferral (category ``DEFERRED``, the note as its error, when it is due);
+        None: the history is untouched. At least once: a worker killed while deferring
+        leaves the job on its queue (the old delivery comes back after its lease, or both
+        copies come back and the fence absorbs the second)."""
+
     async def dead_lettered(
         self, delivery: Delivery, *, consumer: str, category: Category, code: str | None
     ) -> None:
@@ -193,13 +203,6 @@ class Transport(ABC):
         """:meth:`retry` inside the work transaction ``tx``, for a delivery already acked in
         it (group commit). Only a queue in the fence's database can (:attr:`queue_db`)."""
         raise ConfigurationError(f"the {self.name} transport cannot retry inside a transaction")
-
-    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
-        """Deliver again after ``delay`` without consuming an attempt (flow control: the
-        job's key is held or full). ``note``: the history records the deferral (None: the
-        history is untouched). The database queue refunds the attempt in its row; this
-        default (until a broker has its own) retries it, which counts the attempt."""
-        await self.retry(delivery, delay, Category.TEMPORARY_ERROR, note or "deferred")
 
     async def defer_tx(self, tx: Tx, delivery: Delivery, delay: timedelta, note: str) -> None:
         """:meth:`defer` inside the work transaction ``tx`` for a delivery already acked in

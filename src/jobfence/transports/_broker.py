@@ -79,6 +79,27 @@ def retry_record(
     )
 
 
+#: the category of a deferral in a job's history (not an error: no attempt was consumed); the
+#: database queue writes the same (its ``defer`` query)
+DEFERRED = "DEFERRED"
+
+
+def deferred_history(delivery: Delivery, delay: timedelta, note: str | None) -> list[AttemptRecord]:
+    """The history a deferred copy of ``delivery`` carries: its own, plus, with a ``note``,
+    the deferral (attempt: the attempts consumed so far, as the database queue records it)."""
+    if note is None:
+        return delivery.history
+    now = utcnow()
+    record = AttemptRecord(
+        attempt=max(delivery.attempt - 1, 0),
+        at=iso(now),
+        category=DEFERRED,
+        error=note,
+        retry_at=iso(now + delay),
+    )
+    return [*delivery.history, record]
+
+
 #: The bytes of tracebacks a broker message carries in its history (RabbitMQ's headers must
 #: fit one frame, 128 KiB by default; NATS counts headers into max_payload). The newest
 #: attempts keep theirs; the dead letter keeps the last attempt's in full either way.

@@ -56,7 +56,7 @@ import aiormq.exceptions
 from ..core.jobs import MAX_PRIORITY, Delivery, OutgoingJob
 from ..errors import Category, ConfigurationError, EnqueueError
 from . import Transport
-from ._broker import Meta, Options, retry_record
+from ._broker import Meta, Options, deferred_history, retry_record
 
 log = logging.getLogger("jobfence.transport.rabbitmq")
 
@@ -501,6 +501,16 @@ class RabbitMQTransport(Transport):
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
         attempts = delivery.attempt if attempted else delivery.attempt - 1
         await self._republish(delivery, attempts=attempts, delay=0.0)
+
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
+        """A refunded copy through the delay bucket for ``delay`` (confirmed), then the old
+        message acked: a new message, so its ``x-delivery-count`` starts again and no number
+        of deferrals reaches the delivery limit."""
+        history = deferred_history(delivery, delay, note)
+        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
+        route = await self._route(delivery.queue, delay.total_seconds())
+        await self._send(route, delivery.payload, meta)
+        await self._settle(delivery, ack=True)
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         deadline = time.monotonic() + self.lease.total_seconds()

@@ -39,7 +39,7 @@ from redis.backoff import ExponentialBackoff
 from ..core.jobs import Delivery, OutgoingJob
 from ..errors import Category, ConfigurationError
 from . import Transport
-from ._broker import Meta, Options, retry_record
+from ._broker import Meta, Options, deferred_history, retry_record
 from .shielded import ShieldedFetch
 
 log = logging.getLogger("jobfence.transport.redis")
@@ -495,6 +495,16 @@ class RedisTransport(Transport):
         await self._copy(
             delivery, Meta.again(delivery, attempts=attempts, history=delivery.history), 0.0
         )
+
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
+        """A refunded copy into the delayed set (or the stream, for no delay) and the old
+        entry acked, in one script: no moment holds both or neither."""
+        seconds = max(delay.total_seconds(), 0.0)
+        history = deferred_history(delivery, delay, note)
+        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
+        await self._copy(delivery, meta, seconds)
+        if seconds > 0:
+            self._expect(delivery.queue, seconds)
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         by_stream: dict[str, list[str]] = {}

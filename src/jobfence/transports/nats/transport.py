@@ -35,6 +35,7 @@ from .._broker import (
     DELAY,
     Meta,
     Options,
+    deferred_history,
     retry_record,
 )
 from ..shielded import ShieldedFetch
@@ -387,6 +388,28 @@ class NatsTransport(NatsTopology, Transport):
             state.refunds += 1
             await self._save_state(token.stream, token.seq, state)
         await token.msg.nak()
+
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
+        """Nak'ed with ``delay`` and the delivery refunded in the message's state, while its
+        ``num_delivered`` leaves room under MaxDeliver (a nak counts a delivery there);
+        else, and for a message JetStream gave up on, a refunded copy with the delay in its
+        header is published and the old one acked, so no number of deferrals reaches
+        MaxDeliver."""
+        token: MessageToken = delivery.token
+        seconds = max(delay.total_seconds(), 0.0)
+        if not token.exhausted and token.msg.metadata.num_delivered < self.max_deliver - 1:
+            state = token.state or MessageState()
+            state.refunds += 1
+            if note is not None:
+                state.history.append(deferred_history(delivery, delay, note)[-1])
+            await self._save_state(token.stream, token.seq, state)
+            token.state = state
+            await token.msg.nak(delay=seconds or None)
+            return
+        history = deferred_history(delivery, delay, note)
+        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
+        await self._send(delivery.queue, delivery.payload, meta, seconds)
+        await self.ack(delivery)
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         for delivery in deliveries:

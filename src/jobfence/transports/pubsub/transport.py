@@ -26,7 +26,7 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncI
 from ...core.jobs import Delivery, OutgoingJob
 from ...errors import Category, ConfigurationError
 from .. import Transport
-from .._broker import Meta, Options, retry_record
+from .._broker import Meta, Options, deferred_history, retry_record
 from ..shielded import ShieldedFetch
 from .attributes import ATTRIBUTES_RESERVE, MAX_MESSAGE_BYTES, attributes, read_meta
 from .delayed import DelayedHolds
@@ -315,6 +315,19 @@ class PubSubTransport(DelayedHolds, DeadLetterQueue, Transport):
         await self._copy(
             delivery, Meta.again(delivery, attempts=attempts, history=delivery.history), 0.0
         )
+
+    async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
+        """A refunded copy on the delay topic (held there until due, like a retry's), then
+        the old message acked: the copy's ``delivery_attempt`` starts again, so no number of
+        deferrals reaches ``max_delivery_attempts``."""
+        token: AckToken = delivery.token
+        if token.from_dlq:  # Pub/Sub's own dead letter: held on the DLQ subscription instead
+            seconds = min(max(math.ceil(delay.total_seconds()), 0), MAX_ACK_DEADLINE)
+            await self._modify(token.subscription, [token.ack_id], seconds)
+            return
+        history = deferred_history(delivery, delay, note)
+        meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
+        await self._copy(delivery, meta, max(delay.total_seconds(), 0.0))
 
     async def extend(self, deliveries: Sequence[Delivery]) -> None:
         by_subscription: dict[str, list[str]] = {}
