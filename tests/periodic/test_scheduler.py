@@ -165,7 +165,8 @@ async def test_the_last_runs_outcome_dead_letter_and_the_cli_listing(
     assert "failing" in shown.stdout
     assert f"dead letter #{found.dead_letter_id}" in shown.stdout
     assert "* * * * * *" in shown.stdout
-    listed = json.loads(jf("schedules", "--database-url", ledger, "--json").stdout)
+    out = jf("schedules", "--database-url", ledger, "--json").stdout
+    listed = [json.loads(line) for line in out.splitlines()]  # one object a line
     assert [s["name"] for s in listed] == ["failing"]
     assert listed[0]["last_outcome"] in ("dead_letter", "waiting", "running")
     assert listed[0]["next_run"] > listed[0]["last_slot"]
@@ -179,7 +180,7 @@ async def test_the_last_runs_outcome_dead_letter_and_the_cli_listing(
         "schedules", "--app", "sched_cli_app:app", "--json", env={"PYTHONPATH": str(tmp_path)}
     )
     assert with_app.returncode == 0, with_app.stderr
-    by_name = {s["name"]: s for s in json.loads(with_app.stdout)}
+    by_name = {s["name"]: s for s in map(json.loads, with_app.stdout.splitlines())}
     assert by_name["nightly"]["last_outcome"] is None
     assert by_name["nightly"]["next_run"].endswith(("T01:00:00+00:00", "T02:00:00+00:00"))
     assert by_name["failing"]["defined"] is False

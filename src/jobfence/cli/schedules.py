@@ -40,7 +40,8 @@ def schedules(database_url: str | None, as_json: bool) -> None:
 
     found = run(go())
     if as_json:
-        emit_json([s.as_dict() for s in found])
+        for s in found:
+            emit_json(s.as_dict())
         return
     if not found:
         console.print(
