@@ -189,3 +189,38 @@ async def test_the_last_runs_outcome_dead_letter_and_the_cli_listing(
 async def _dead(app: App) -> Any:
     found = await list_schedules(app.db)
     return found[0] if found and found[0].last_outcome == "dead_letter" else None
+
+
+async def test_a_failing_payload_function_holds_up_no_other_schedule(
+    ledger: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schedule whose payload function raises is logged and tried again; the schedule
+    after it in the same round is enqueued all the same, and the broken one's tick is not
+    recorded as enqueued."""
+
+    def broken(slot: datetime) -> Any:
+        raise RuntimeError("the payload function is broken")
+
+    app = App(ledger)
+    app.periodic("a-broken", cron="* * * * * *", queue="q", payload=broken, missed="all")
+    app.periodic("b-fine", cron="* * * * * *", queue="q", missed="all")
+    async with app:
+        scheduler = Scheduler(app.runtime)
+        await scheduler.define()
+        await move_back(ledger, 3)
+        await scheduler.tick()
+    ids = await queued(ledger)
+    assert ids
+    assert all(i.startswith("b-fine:") for i in ids)
+    rows = await query(ledger, f"SELECT name, last_job_id FROM {table(ledger, 'schedules')}")
+    assert dict(rows)["a-broken"] is None
+    assert "periodic job a-broken: enqueuing its ticks failed" in caplog.text
+
+
+def test_the_scheduler_command_refuses_an_app_without_periodic_jobs(sqlite_database: str) -> None:
+    result = jf("scheduler", "tests.apps.crash_app:app", env={"JF_DB": sqlite_database})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "jobfence: error: tests.apps.crash_app:app defines no periodic jobs: define them with "
+        "app.periodic(...)"
+    ]

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from ..core.jobs import OutgoingJob, outgoing_job
 from ..core.periodic import Periodic
@@ -86,7 +86,16 @@ class Scheduler:
         for p in self.periodic.values():
             due = self._next.get(p.name)
             if due is None or due <= now:
-                await self._advance(p)
+                try:
+                    await self._advance(p)
+                except Exception:
+                    # one schedule's failure (its payload function raised, a payload too
+                    # large) must not hold up the others: it is tried again shortly
+                    log.exception(
+                        f"periodic job {p.name}: enqueuing its ticks failed; trying again shortly",
+                        extra={"periodic": p.name},
+                    )
+                    self._next[p.name] = now + timedelta(seconds=RETRY_AFTER)
         if not self._next:
             return MAX_SLEEP
         soonest = min(self._next.values())
