@@ -224,3 +224,20 @@ def test_the_scheduler_command_refuses_an_app_without_periodic_jobs(sqlite_datab
         "jobfence: error: tests.apps.crash_app:app defines no periodic jobs: define them with "
         "app.periodic(...)"
     ]
+
+
+async def test_a_deleted_schedule_row_is_stored_again(ledger: str) -> None:
+    """Someone deleted the schedule's row: the next round stores the definition again (on
+    SQLite outside the round's transaction, whose write lock a second connection would wait
+    for) and the round after enqueues from there."""
+    app = beat_app(ledger, missed="all")
+    async with app:
+        scheduler = Scheduler(app.runtime)
+        await scheduler.define()
+        await query(ledger, f"DELETE FROM {table(ledger, 'schedules')}")
+        await scheduler.tick()
+        rows = await query(ledger, f"SELECT name, last_slot FROM {table(ledger, 'schedules')}")
+        assert rows == [("beat", None)]
+        await move_back(ledger, 3)
+        await scheduler.tick()
+        assert len(await queued(ledger)) >= 3

@@ -26,10 +26,11 @@ import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from ..core.jobs import OutgoingJob, outgoing_job
-from ..core.periodic import Periodic
-from ..db import to_datetime
+from ..core.periodic import Due, Periodic
+from ..db import Tx, to_datetime
 from . import holding
 from .context import Runtime, RuntimeSource
 
@@ -103,38 +104,15 @@ class Scheduler:
 
     async def _advance(self, p: Periodic) -> None:
         """Lock ``p``'s row, enqueue its due ticks and move it past them, in one transaction."""
-        db = self.runtime.db
-        transport = self.runtime.transport
-        enqueued: list[OutgoingJob] = []
-        async with db.transaction() as tx:
+        async with self.runtime.db.transaction() as tx:
             rows = await tx.q("schedule_lock", {"name": p.name})
-            if not rows:
-                await self.define()
-                return
-            row = rows[0]
-            now, since = to_datetime(row["now"]), to_datetime(row["created_at"])
-            assert now is not None
-            assert since is not None
-            self._offset = now.timestamp() - time.time()
-            last = to_datetime(row["last_slot"])
-            due = p.due(last, since, now)
-            if due.last is not None:
-                enqueued = [
-                    outgoing_job(p.queue, p.payload_for(slot), job_id=p.job_id(slot))
-                    for slot in due.enqueue
-                ]
-                await tx.q(
-                    "schedule_advance",
-                    {
-                        "name": p.name,
-                        "slot": db.at(due.last),
-                        "job_id": enqueued[-1].job_id if enqueued else None,
-                    },
-                )
-                if enqueued:
-                    transport.check_payloads(enqueued)
-                    await transport.publish_tx(tx, enqueued)
-            position = due.last or last or since
+            if rows:
+                enqueued, due, position = await self._enqueue_due(tx, p, rows[0])
+        if not rows:
+            # its row was deleted under it: store the definitions again (outside the
+            # transaction: on SQLite that holds the write lock a second connection waits for)
+            await self.define()
+            return
         self._next[p.name] = p.next_slot(position)
         if enqueued:
             self.enqueued += len(enqueued)
@@ -147,12 +125,42 @@ class Scheduler:
                     "ticks": len(enqueued),
                 },
             )
-        if due.dropped or due.more:
+        if due.dropped:
             log.warning(
                 f"periodic job {p.name}: {due.dropped}{' or more' if due.more else ''} missed "
                 f"tick(s) not run (missed={p.missed!r}; no scheduler ran when they were due)",
                 extra={"periodic": p.name, "dropped": due.dropped, "more": due.more},
             )
+
+    async def _enqueue_due(
+        self, tx: Tx, p: Periodic, row: Mapping[str, Any]
+    ) -> tuple[list[OutgoingJob], Due, datetime]:
+        """In ``tx``, holding ``p``'s row: publish the ticks due and move the row past them;
+        return the jobs, what was due, and the tick the schedule is at now."""
+        now, since = to_datetime(row["now"]), to_datetime(row["created_at"])
+        assert now is not None
+        assert since is not None
+        self._offset = now.timestamp() - time.time()
+        last = to_datetime(row["last_slot"])
+        due = p.due(last, since, now)
+        if due.last is None:
+            return [], due, last or since
+        enqueued = [
+            outgoing_job(p.queue, p.payload_for(slot), job_id=p.job_id(slot))
+            for slot in due.enqueue
+        ]
+        await tx.q(
+            "schedule_advance",
+            {
+                "name": p.name,
+                "slot": self.runtime.db.at(due.last),
+                "job_id": enqueued[-1].job_id if enqueued else None,
+            },
+        )
+        if enqueued:
+            self.runtime.transport.check_payloads(enqueued)
+            await self.runtime.transport.publish_tx(tx, enqueued)
+        return enqueued, due, due.last
 
     async def run(self) -> None:
         """Define the schedules, then enqueue their ticks until :meth:`stop`."""
