@@ -20,13 +20,14 @@ from .test_cli import jf, one_line_error
 LONG_RUNNING = {
     "worker",
     "relay",
+    "scheduler",
     "ops serve",
     "cleanup",
     "alerts deliver",
 }
 #: commands that print no result to script against (a demo's report, a secret-free
 #: confirmation is still JSON where it matters)
-NO_RESULT = {"worker", "relay", "ops serve", "demo", "demo purchase-orders"}
+NO_RESULT = {"worker", "relay", "scheduler", "ops serve", "demo", "demo purchase-orders"}
 #: flags whose value is a duration (the one grammar)
 DURATION_FLAGS = {
     ("worker", "--shutdown-grace"),
@@ -48,7 +49,7 @@ DURATION_FLAGS = {
 }
 #: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
 #: and the demo, which runs on a temporary database of its own
-OWN_DATABASE = {"worker", "relay", "demo", "demo purchase-orders"}
+OWN_DATABASE = {"worker", "relay", "scheduler", "demo", "demo purchase-orders"}
 
 
 def commands() -> Iterator[tuple[str, click.Command]]:
@@ -210,6 +211,7 @@ def test_worker_flags_come_from_the_environment_too() -> None:
 
 #: commands that print a list with --json: one object per line (JSON lines)
 LISTS = {
+    "schedules",
     "dead-letters list",
     "dead-letters audit",
     "alerts list",
@@ -294,6 +296,7 @@ def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
         "calls list": ["calls", "list", "--state", "all"],
         "calls show": ["calls", "show", "1"],
         "calls settle": ["calls", "settle", "1", "not_applied", "--reason", "not there"],
+        "schedules": ["schedules"],
     }  # fmt: skip
     runner = CliRunner()
     env = {"JOBFENCE_ACTOR": "ann", "COLUMNS": "200"}

@@ -26,6 +26,7 @@ from .core.fence import DEFAULT_FENCE_TTL
 from .core.jobs import DEFAULT_PRIORITY, OutgoingJob, check_queue, outgoing_job
 from .core.leases import default_holder
 from .core.limits import Limit, check_limit
+from .core.periodic import DEFAULT_GRACE, Missed, Periodic
 from .core.retry import DEFAULT_POLICY, RetryPolicy
 from .db import Database, SyncTx, Tx, WorkSource, connect, current_tx
 from .db.adopt import adopt_async, connect_sync
@@ -135,6 +136,8 @@ class App:
         #: DatabaseLocked (None: 30 s). Short commands of the CLI bound it (docs/operations.md)
         self.lock_timeout: float | None = None
         self.consumers: dict[str, Consumer] = {}
+        #: the periodic jobs by name (``app.periodic``)
+        self.periodic_jobs: dict[str, Periodic] = {}
         self._extra_observers = list(observers)
         #: OpenTelemetry spans and trace context (docs/tracing.md): None without the ``otel``
         #: extra or with ``trace=False``, and then nothing traces
@@ -252,6 +255,41 @@ class App:
 
         return register
 
+    def periodic(
+        self,
+        name: str,
+        *,
+        cron: str,
+        queue: str,
+        payload: Any = None,
+        tz: str = "UTC",
+        missed: Missed = "last",
+        grace: timedelta = DEFAULT_GRACE,
+    ) -> Periodic:
+        """Enqueue a job on ``queue`` at every tick of ``cron`` (five fields, or six with
+        seconds first) read in the time zone ``tz`` (an IANA name).
+
+        Each tick's job_id is ``<name>:<slot>``, the slot being the tick's instant in UTC
+        (``nightly:2026-12-04T02:00:00Z``), so any number of schedulers — every worker runs
+        one, ``jobfence scheduler`` runs one alone — make one run per tick. ``payload`` is the
+        jobs' payload, or a function of the slot (an aware UTC datetime) that returns it.
+        ``missed`` says what happens to ticks older than ``grace`` when a scheduler gets to
+        them (no scheduler ran): ``"last"`` runs the latest once, ``"skip"`` none, ``"all"``
+        each (at most the latest 1000). See docs/periodic-jobs.md."""
+        if name in self.periodic_jobs:
+            raise ConfigurationError(f"periodic job {name!r} is already defined")
+        job = Periodic(
+            name=name, cron=cron, queue=queue, payload=payload, tz=tz, missed=missed, grace=grace
+        )
+        if not callable(payload):
+            try:
+                outgoing_job(queue, payload)
+            except EnqueueError as exc:
+                raise ConfigurationError(f"periodic job {name!r}: {exc}") from None
+        self.periodic_jobs[name] = job
+        self._runtime = None
+        return job
+
     @property
     def consumed_queues(self) -> list[str]:
         """The queues this app's consumers serve, sorted."""
@@ -328,6 +366,7 @@ class App:
             redelivery_exposure=self.redelivery_exposure(),
             ledger=self.ledger,
             fence_enabled=self._fence_enabled,
+            periodic=dict(self.periodic_jobs),
         )
         return self._runtime
 
@@ -635,8 +674,10 @@ class App:
         batch_size: int = DEFAULT_BATCH_SIZE,
         batch_window: float = DEFAULT_BATCH_WINDOW,
         summary_interval: float = 60.0,
+        scheduler: bool = True,
     ) -> Worker:
-        """A :class:`~jobfence.runtime.worker.Worker` for this app (``await worker.run()``)."""
+        """A :class:`~jobfence.runtime.worker.Worker` for this app (``await worker.run()``);
+        ``scheduler=False``: without the scheduler of the app's periodic jobs."""
         return Worker(
             self,
             queues=queues,
@@ -647,4 +688,5 @@ class App:
             batch_size=batch_size,
             batch_window=batch_window,
             summary_interval=summary_interval,
+            scheduler=scheduler,
         )

@@ -393,6 +393,7 @@ async def test_metrics_openapi_and_stats(ops: OpsServer) -> None:
         "/v1/replays/{replay_id}",
         "/v1/replays/{replay_id}/items",
         "/v1/replays/{replay_id}/run",
+        "/v1/schedules",
         "/v1/stats",
     ]
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

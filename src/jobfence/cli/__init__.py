@@ -9,7 +9,17 @@ from __future__ import annotations
 import click
 
 from ..errors import JobfenceError
-from . import calls, deadletters, demo, jobctl, jobs, operations, outbox, stats  # noqa: F401  (they add their commands)
+from . import (  # noqa: F401  (they add their commands)
+    calls,
+    deadletters,
+    demo,
+    jobctl,
+    jobs,
+    operations,
+    outbox,
+    schedules,
+    stats,
+)
 from .common import NotConfirmed, err_console, main_group
 
 __all__ = ["main", "main_group"]

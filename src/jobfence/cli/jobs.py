@@ -204,6 +204,15 @@ def _migration_sql(database_url: str | None, dialect: str | None, after: int) ->
     help="Log an INFO summary (jobs/s, done, retries, dead letters, duplicates) this often "
     "(0: never).",
 )
+@click.option(
+    "--scheduler/--no-scheduler",
+    envvar="JOBFENCE_SCHEDULER",
+    show_envvar=True,
+    default=True,
+    show_default=True,
+    help="Also enqueue the ticks of APP's periodic jobs (any number of schedulers make one run "
+    "per tick; docs/periodic-jobs.md).",
+)
 @log_options
 def worker(
     app_spec: str,
@@ -219,6 +228,7 @@ def worker(
     prefetch: int | None,
     shutdown_grace: timedelta,
     summary_interval: timedelta,
+    scheduler: bool,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -235,6 +245,7 @@ def worker(
         batch_size=batch_size,
         batch_window=batch_window.total_seconds(),
         summary_interval=summary_interval.total_seconds(),
+        scheduler=scheduler,
     )
     serve_probes(metrics_port, metrics_host, liveness_timeout)
 

@@ -29,7 +29,7 @@ from .auth import Principal
 from .body_limit import DEFAULT_MAX_BODY, BodyLimit
 from .deps import VIEWER, OpsState
 from .problems import install_handlers
-from .routes import audit, calls, dead_letters, flow, jobs, outbox, replays, stats
+from .routes import audit, calls, dead_letters, flow, jobs, outbox, replays, schedules, stats
 
 __all__ = ["DEFAULT_MAX_BODY", "create_app"]
 
@@ -116,6 +116,7 @@ def create_app(
     api.include_router(jobs.router)  # job control, queues, bulk discard
     api.include_router(flow.router)  # flow control: limits, keys, key pauses
     api.include_router(calls.router)  # recorded calls: the in-doubt ones, settle
+    api.include_router(schedules.router)  # periodic jobs: next and last runs
     api.include_router(outbox.router(), prefix="/v1")  # outbox listing and re-drive
     if console:
         from .ui import install

@@ -324,3 +324,32 @@ class Stats(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"]
+
+
+class ScheduleView(BaseModel):
+    """A periodic job: its definition, next run and last run (times in UTC)."""
+
+    name: str
+    cron: str = Field(description="Five fields, or six with seconds first.")
+    tz: str = Field(description="The IANA time zone the cron expression is read in.")
+    queue: str
+    missed: Literal["last", "skip", "all"] = Field(description="The missed-tick policy.")
+    next_run: datetime | None = Field(
+        description="The next tick (null: the stored cron no longer parses)."
+    )
+    last_slot: datetime | None = Field(
+        description="The tick the schedule is at (enqueued, or dropped by the missed-tick policy)."
+    )
+    last_job_id: str | None = Field(description="The job_id of the last tick enqueued.")
+    last_enqueued_at: datetime | None
+    last_outcome: (
+        Literal["waiting", "running", "retrying", "processed", "dead_letter", "unknown"] | None
+    ) = Field(description="What became of the last tick enqueued (null: none yet).")
+    last_processed_at: datetime | None
+    dead_letter_id: int | None
+    created_at: datetime | None = Field(
+        description="When a scheduler first stored it (null: defined by the app, not stored yet)."
+    )
+    defined: bool | None = Field(
+        description="Whether the served app defines it (null: the server has no app's definitions)."
+    )

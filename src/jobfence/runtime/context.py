@@ -11,13 +11,14 @@ builds a :class:`Runtime` (``app.runtime``). :class:`~jobfence.runtime.worker.Wo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
 from .. import tracing
 from ..calls.ledger import Ledger
 from ..config import DatabaseURL
+from ..core.periodic import Periodic
 from ..db import Database, WorkSource
 from ..observers import Observers
 from ..transports import Transport
@@ -47,6 +48,8 @@ class Runtime:
     ledger: Ledger | None = None
     #: False only to measure what the fence costs (the benchmarks' baseline)
     fence_enabled: bool = True
+    #: the app's periodic jobs by name (``app.periodic``), which its schedulers enqueue
+    periodic: Mapping[str, Periodic] = field(default_factory=dict)
 
 
 class RuntimeSource(Protocol):

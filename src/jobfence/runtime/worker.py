@@ -30,6 +30,7 @@ from .flow import FlowControl
 from .harness import Harness, Outcome
 from .health import Health, register, unregister
 from .maintenance import housekeeping
+from .scheduler import Scheduler
 from .threads import DaemonThreadPool
 
 log = logging.getLogger("jobfence.worker")
@@ -85,6 +86,7 @@ class Worker:
         batch_size: int = DEFAULT_BATCH_SIZE,
         batch_window: float = DEFAULT_BATCH_WINDOW,
         summary_interval: float = 60.0,
+        scheduler: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -146,6 +148,9 @@ class Worker:
         #: flow control over the limited queues among ``queues`` (set by run(); None: none)
         self.flow: FlowControl | None = None
         self._keyed_at = 0.0
+        #: run the scheduler of the app's periodic jobs beside the worker (any number of
+        #: schedulers make one run per tick: jobfence.runtime.scheduler)
+        self.scheduler = scheduler
         #: what /livez and /readyz report for this worker (jobfence.runtime.health)
         self.health = Health("worker")
         self._inflight_reported = 0
@@ -267,6 +272,8 @@ class Worker:
         ]
         if self.summary_interval > 0:
             background.append(asyncio.create_task(self._summary(), name="jobfence-summary"))
+        if self.scheduler and rt.periodic:
+            background.append(asyncio.create_task(Scheduler(rt).run(), name="jobfence-scheduler"))
         log.info(
             "worker started",
             extra={

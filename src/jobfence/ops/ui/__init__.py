@@ -8,7 +8,8 @@ docs/ops-console.md.
 
 Modules: :mod:`.session` (sign-in sessions, CSRF and Origin checks), :mod:`.render` (templates,
 security headers, payload and chart rendering), one router per area (:mod:`.signin`,
-:mod:`.overview`, :mod:`.letters`, :mod:`.jobs`, :mod:`.calls`, :mod:`.pages`).
+:mod:`.overview`, :mod:`.letters`, :mod:`.jobs`, :mod:`.calls`, :mod:`.schedules`,
+:mod:`.pages`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from ...db import DRIVER_ERROR, is_connection_lost
 from ...errors import DatabaseUnavailable, InvalidRequest, NotFound, ReviewConflict
-from . import calls, jobs, letters, overview, pages, signin
+from . import calls, jobs, letters, overview, pages, schedules, signin
 from .render import HERE, page, redirect
 from .session import DEFAULT_IDLE, DEFAULT_TTL, Refused, Sessions, SignInRequired, signed_in
 
@@ -67,7 +68,7 @@ def install(
         GZipMiddleware(StaticFiles(directory=HERE / "static"), minimum_size=1024),
         name="ui-static",
     )
-    for module in (signin, overview, letters, jobs, calls, pages):
+    for module in (signin, overview, letters, jobs, calls, schedules, pages):
         api.include_router(module.router, include_in_schema=False)
 
     @api.get("/ui", include_in_schema=False)

@@ -1,0 +1,1 @@
+"""Periodic jobs: cron slots, the scheduler on both stores, several scheduler processes."""
