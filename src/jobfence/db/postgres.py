@@ -327,12 +327,12 @@ class PgDeferredTx(PgTx):
         conn, hold, self._hold = self._conn, self._hold, None
         if hold is None or conn is None:
             return
+        _unlend(conn)  # jobfence's own ROLLBACK from here on
         try:
             if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
                 with contextlib.suppress(psycopg.Error):
                     await asyncio.shield(conn.execute("ROLLBACK"))
         finally:
-            _unlend(conn)
             await hold.aclose()
 
     async def execute(self, sql: str, params: Params = None) -> int:
