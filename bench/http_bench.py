@@ -68,7 +68,9 @@ def wrk(
     if shutil.which("wrk") is None:
         raise BenchError("the HTTP workload needs wrk: apt-get install -y wrk")
     threads = min(2, connections)
-    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:.0f}s", "--latency", url]
+    # a 30 s timeout: on a loaded machine a slow answer is a latency (in the p99), not an error
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:.0f}s", "--timeout", "30s"]
+    cmd += ["--latency", url]
     if script:
         cmd[1:1] = ["-s", script]
     out = subprocess.run(

@@ -211,7 +211,10 @@ class IdempotencyMiddleware:
         if partner_id is None:
             await self.app(scope, receive, send)
             return
-        if self._tracing is None:
+        if self._tracing is None or (
+            not self._tracing.live and not any(n == b"traceparent" for n, _ in scope["headers"])
+        ):
+            # no SDK records spans and no trace context comes in: nothing for a span to carry
             await self._keyed(scope, receive, send, partner_id)
             return
         carrier = {n.decode("latin-1"): v.decode("latin-1") for n, v in scope["headers"]}
@@ -221,7 +224,7 @@ class IdempotencyMiddleware:
     def _note(self, outcome: str) -> None:
         """What the middleware did with a keyed request, on its span: ``executed``,
         ``replayed``, ``in_flight``, ``mismatch``, ``bad_key``, ``too_large``."""
-        if self._tracing is not None:
+        if self._tracing is not None and self._tracing.live:
             self._tracing.idempotency_outcome(outcome)
 
     async def _keyed(self, scope: Scope, receive: Receive, send: Send, partner_id: str) -> None:
