@@ -187,3 +187,22 @@ async def test_two_server_processes_racing_one_key_make_one_order(
         ("partner-a", "two-hosts")
     ]
     assert late.headers["idempotent-replayed"] == "true"
+
+
+async def test_on_sqlite_it_is_one_transaction(sqlite_database: str) -> None:
+    """No deferred transactions on SQLite: the key is claimed first, the queued insert runs
+    at once in its transaction; the answers are the same."""
+    async with (
+        serving(make_app(sqlite_database, pause=0, claim_at_commit=True)) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+    ):
+        key = {**A, "Idempotency-Key": "k1"}
+        first = await client.post("/orders-queued", json=ORDER, headers=key)
+        again = await client.post("/orders-queued", json=ORDER, headers=key)
+        other = await client.post("/orders-queued", json={"sku": "B"}, headers=key)
+        deferred = (await client.get("/deferred")).json()["deferred"]
+    assert first.status_code == 201
+    assert again.headers["idempotent-replayed"] == "true"
+    assert other.json()["code"] == "IDEMPOTENCY_KEY_MISMATCH"
+    assert deferred == 0
+    assert await scalar(sqlite_database, "SELECT count(*) FROM orders") == 1
