@@ -36,6 +36,7 @@ PO_POST_2P = f"{PO_POST}, 2 server processes"
 HAND_POST = "hand-written (FastAPI + pydantic + psycopg pool): POST /requests, same work"
 HAND_POST_64 = f"{HAND_POST}, 64 connections"
 MW_POST = "IdempotencyMiddleware + trivial app: POST with Idempotency-Key"
+MW_COMMIT_POST = "IdempotencyMiddleware(claim_at_commit=True) + trivial app: keyed POST"
 BARE_POST = "bare ASGI app: POST (no middleware)"
 #: each figure's baseline in the table: its floor, or what it is held against, in the same run
 HTTP_BASELINES = {
@@ -46,6 +47,7 @@ HTTP_BASELINES = {
     PO_REPLAY: PO_POST,
     PO_POST_2P: PO_POST,
     MW_POST: BARE_POST,
+    MW_COMMIT_POST: BARE_POST,
 }
 #: stored keys the replay run cycles through (stored first by one connection)
 REPLAY_KEYS = 50
@@ -66,7 +68,9 @@ def wrk(
     if shutil.which("wrk") is None:
         raise BenchError("the HTTP workload needs wrk: apt-get install -y wrk")
     threads = min(2, connections)
-    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:.0f}s", "--latency", url]
+    # a 30 s timeout: on a loaded machine a slow answer is a latency (in the p99), not an error
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:.0f}s", "--timeout", "30s"]
+    cmd += ["--latency", url]
     if script:
         cmd[1:1] = ["-s", script]
     out = subprocess.run(
@@ -219,23 +223,24 @@ def http_ingestion(seconds: float) -> dict[str, dict[str, Any]]:
             server.stop()
         accepted = out[HAND_POST]["requests"] + out[HAND_POST_64]["requests"]
         _check_rows("hand-written POST", url, accepted, CONNECTIONS + 64)
-    with fresh_database() as url:
-        server, ready = _start("middleware", url)
-        try:
-            base = f"http://127.0.0.1:{ready['port']}"
-            out[MW_POST] = _measured(
-                server, f"{base}/post", seconds, script=script, env={"BENCH_PATH": "/post"}
-            )
-        finally:
-            server.stop()
-        with psycopg.connect(url, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM core.idempotency_keys WHERE state = 'completed'"
-            ).fetchone()
-        keys = int(row[0]) if row else 0
-        accepted = out[MW_POST]["requests"]
-        if not accepted <= keys <= accepted + CONNECTIONS:
-            raise BenchError(f"HTTP middleware: {accepted} accepted but {keys} stored keys")
+    for mode, label in (("middleware", MW_POST), ("middleware-commit", MW_COMMIT_POST)):
+        with fresh_database() as url:
+            server, ready = _start(mode, url)
+            try:
+                base = f"http://127.0.0.1:{ready['port']}"
+                out[label] = _measured(
+                    server, f"{base}/post", seconds, script=script, env={"BENCH_PATH": "/post"}
+                )
+            finally:
+                server.stop()
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM core.idempotency_keys WHERE state = 'completed'"
+                ).fetchone()
+            keys = int(row[0]) if row else 0
+            accepted = out[label]["requests"]
+            if not accepted <= keys <= accepted + CONNECTIONS:
+                raise BenchError(f"HTTP {mode}: {accepted} accepted but {keys} stored keys")
     for name, r in out.items():
         if r["non_2xx"] or r["socket_errors"]:
             raise BenchError(
@@ -270,7 +275,8 @@ def issue27_targets(results: Any, verdict: Any) -> list[tuple[str, str, str]]:
         (cpu, PO_POST, HAND_POST, "keyed POST ≤ 0.8× the hand-written one's CPU/req", 0.8, False),
         (rps, PO_REPLAY, PO_POST, "replay of a stored response ≥ 3× a fresh POST", 3.0, True),
         (rps, PO_POST_2P, PO_POST, "two server processes ≥ 1.6× one", 1.6, True),
-        (cpu, MW_POST, BARE_POST, "middleware alone ≤ +25 % CPU/request", 1.25, False),
+        (cpu, MW_COMMIT_POST, BARE_POST, "middleware, claim_at_commit ≤ +25 % CPU", 1.25, False),
+        (cpu, MW_POST, BARE_POST, "middleware, default mode ≤ +25 % CPU", 1.25, False),
     ]  # fmt: skip
     for workload, a, b, target, limit, higher in checks:
         x = ratio(workload, a, b)

@@ -618,7 +618,9 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
             step(
                 f"http {i + 1}/{args.repeat}: "
                 + ", ".join(
-                    f"{k}: {v['rps']:,.0f} req/s p99 {v['p99']:.1f} ms" for k, v in out.items()
+                    f"{k}: {v['rps']:,.0f} req/s p99 {v['p99']:.1f} ms "
+                    f"CPU {v['cpu_ms_per_request']:.2f} ms/req"
+                    for k, v in out.items()
                 )
             )
     if "memory" in only:

@@ -36,6 +36,8 @@ POSTGRESQL_ONLY = {
     "outbox_wait_done": "relays waiting on writers",
     "idempotency_claim_many": "claims of concurrent requests batched (jobfence.http.batch)",
     "idempotency_complete_many": "completions of concurrent requests batched",
+    "idempotency_insert": "a key's claim sent with the app's statements and COMMIT (deferred)",
+    "idempotency_get_many": "look-ups of concurrent requests' keys batched",
     "dl_search_window": "a time window of dead letters through the failed_at index",
     "fence_partitions_add": "fences partitioned by day of expiry (SQLite: one plain table)",
     "fence_partition_drop": "fences partitioned by day of expiry",

@@ -3,6 +3,7 @@ the project's virtualenv).
 
     python bench/systems/http_server.py po URL          # the purchase-order API
     python bench/systems/http_server.py middleware URL  # IdempotencyMiddleware + a trivial app
+    python bench/systems/http_server.py middleware-commit URL  # the same, claim_at_commit=True
     python bench/systems/http_server.py bare            # a bare ASGI app (the physical floor)
     python bench/systems/http_server.py hand URL        # the keyed POST written by hand
 
@@ -15,6 +16,9 @@ and all serve the same listening socket, each with its own pool (as ``uvicorn --
   event written, the response stored for replays. The ERP is never called on this path.
 - ``middleware``: :class:`jobfence.http.IdempotencyMiddleware` on its own pool in front of an
   ASGI handler that answers 202 at once: the middleware's cost per request.
+- ``middleware-commit``: the same with ``claim_at_commit=True`` (the trivial app has no
+  effect outside the transaction, so it may run before its key is claimed): a look-up, then
+  the claim and the stored response with COMMIT, both shared with concurrent requests.
 - ``hand``: bench/systems/http_handwritten.py, the same work as ``po``'s POST written by
   hand (FastAPI + pydantic + a psycopg pool of 20, six round trips and a commit): the
   baseline the keyed POST is held against (issue 27).
@@ -104,7 +108,7 @@ async def serve(app: Any, pool: Any = None, **ready: Any) -> None:
 
 async def setup(mode: str, url: str | None) -> dict[str, Any]:
     """What runs once before any fork: migrations, the partner (its token)."""
-    if mode == "middleware":
+    if mode in ("middleware", "middleware-commit"):
         assert url
         from jobfence import App
 
@@ -122,21 +126,24 @@ async def setup(mode: str, url: str | None) -> dict[str, Any]:
         finally:
             await service.close()
     elif mode != "bare":
-        raise SystemExit(f"unknown mode {mode!r}: po, hand, middleware or bare")
+        raise SystemExit(f"unknown mode {mode!r}: po, hand, middleware(-commit) or bare")
     return {}
 
 
 async def main(mode: str, url: str | None, ready: dict[str, Any]) -> None:
     if mode == "bare":
         await serve(bare)
-    elif mode == "middleware":
+    elif mode in ("middleware", "middleware-commit"):
         assert url
         from jobfence import App
 
         app = App(url)
         await app.open(pool_size=20)
         try:
-            await serve(IdempotencyMiddleware(bare, database=app.db), getattr(app.db, "pool", None))
+            middleware = IdempotencyMiddleware(
+                bare, database=app.db, claim_at_commit=mode == "middleware-commit"
+            )
+            await serve(middleware, getattr(app.db, "pool", None))
         finally:
             await app.close()
     elif mode == "po":

@@ -6,8 +6,14 @@ in flight when its server dies; headers are not part of the request fingerprint)
 ``POST /flaky`` answers 503 the first time; ``GET /orders`` needs no key. Partners are
 identified by bearer tokens ``token-a`` / ``token-b``; anything else is 401.
 
-Run as a process: ``python -m tests.http.idem_app DATABASE_URL LEASE_SECONDS`` prints
-``listening on http://…``.
+``POST /orders-queued`` (for ``claim_at_commit``) writes the same row without reading
+anything back: while the key's transaction has not begun it queues the insert
+(``execute_at_commit``), so the claim, the order, the stored answer and COMMIT go together.
+With ``X-Test-Order-Unique`` the row's body is that header instead (``orders.body`` is unique
+on PostgreSQL when it starts with ``unique:``: an app's own statement that conflicts).
+
+Run as a process: ``python -m tests.http.idem_app DATABASE_URL LEASE_SECONDS [MODE]``
+(``MODE``: ``claim_at_commit``) prints ``listening on http://…``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ ORDERS_DDL = {
 }
 
 
+UNIQUE_BODY = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS orders_unique_body ON orders (body) "
+    "WHERE body LIKE 'unique:%'"
+)
+
+
 def _partner(request: Request) -> str | None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     return TOKENS.get(token) if scheme.lower() == "bearer" else None
@@ -48,6 +60,7 @@ def make_app(
     window: timedelta = timedelta(hours=24),
     pause: float = 0.05,
     one_transaction: bool = False,
+    claim_at_commit: bool = False,
 ) -> FastAPI:
     url = parse_database_url(database_url)
     state: dict[str, Any] = {"flaky": 0}
@@ -58,6 +71,8 @@ def make_app(
         await db.open(max_size=8)
         async with db.transaction() as tx:
             await tx.execute(ORDERS_DDL[url.dialect])
+            if url.dialect == "postgresql":
+                await tx.execute(UNIQUE_BODY)
         state["db"] = db
         try:
             yield
@@ -77,7 +92,32 @@ def make_app(
         lease=lease,
         window=window,
         one_transaction=one_transaction,
+        claim_at_commit=claim_at_commit,
     )
+
+    @api.post("/orders-queued")
+    async def create_queued(request: Request) -> JSONResponse:
+        partner = _partner(request)
+        if partner is None:
+            return JSONResponse({"detail": "unauthenticated"}, status_code=401)
+        body = await request.json()
+        await asyncio.sleep(pause)
+        context = idempotency_of(request)
+        assert context is not None
+        assert context.transaction is not None
+        tx = context.transaction
+        state["deferred"] = state.get("deferred", 0) + tx.deferred
+        text = request.headers.get("x-test-order-unique") or json.dumps(body, sort_keys=True)
+        await tx.execute_at_commit(
+            "INSERT INTO orders (partner, idem_key, body) VALUES (%s, %s, %s)",
+            (partner, context.key, text),
+        )
+        return JSONResponse({"partner": partner, "echo": body}, status_code=201)
+
+    @api.get("/deferred")
+    async def deferred() -> dict[str, int]:
+        """How many keyed requests this process ran on a transaction not begun yet."""
+        return {"deferred": int(state.get("deferred", 0))}
 
     @api.post("/orders")
     async def create(request: Request) -> JSONResponse:
@@ -130,10 +170,13 @@ def main() -> None:
     import uvicorn
 
     database_url, lease = sys.argv[1], float(sys.argv[2])
+    mode = sys.argv[3] if len(sys.argv) > 3 else ""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    app = make_app(database_url, lease=timedelta(seconds=lease))
+    app = make_app(
+        database_url, lease=timedelta(seconds=lease), claim_at_commit=mode == "claim_at_commit"
+    )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
 
     async def serve() -> None:

@@ -4,6 +4,7 @@ request states of every outcome, dead letters with the seed's attributes, operat
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -201,6 +202,37 @@ async def test_duplicate_document_is_409_naming_the_existing_request(api_only: C
     assert other_partner.status_code == 202
     assert [r.status_code for r in loose] == [202, 202]
     assert await query(ctx.stack.database_url, "SELECT count(*) FROM core.outbox") == [(4,)]
+
+
+async def test_concurrent_posts_commit_together_and_a_duplicate_document_alone(
+    api_only: Ctx,
+) -> None:
+    """Issue 27: 12 POSTs at once, two of them the same document under different keys. The
+    keyed POSTs' claims, rows, events and answers commit together (claim_at_commit); the
+    duplicate breaks the shared commit, so each request is committed alone and the second
+    copy of the document runs again on a transaction that looks: 409 DUPLICATE_DOCUMENT
+    naming the first, which was not lost."""
+    ctx = api_only
+    docs = [{**DOC, "external_reference": f"EXT-C{n}"} for n in range(10)]
+    docs += [{**DOC, "external_reference": "EXT-TWICE"}] * 2
+    answers = await asyncio.gather(
+        *(ctx.post("acme", doc, f"key-c{n}") for n, doc in enumerate(docs))
+    )
+    url = ctx.stack.database_url
+    assert [r.status_code for r in answers[:10]] == [202] * 10
+    twice = sorted(answers[10:], key=lambda r: r.status_code)
+    assert [r.status_code for r in twice] == [202, 409]
+    assert twice[1].json()["code"] == "DUPLICATE_DOCUMENT"
+    assert twice[1].json()["existingRequestId"] == twice[0].json()["requestId"]
+    ids = {r.json()["requestId"] for r in answers if r.status_code == 202}
+    rows = await query(url, "SELECT request_id::text FROM purchase_orders.requests")
+    events = await query(url, "SELECT event_id FROM core.outbox")
+    assert {r for (r,) in rows} == ids
+    assert {e for (e,) in events} == {r.json()["eventId"] for r in answers if r.status_code == 202}
+    stored = await query(
+        url, "SELECT status_code, count(*) FROM core.idempotency_keys GROUP BY 1 ORDER BY 1"
+    )
+    assert stored == [(202, 11), (409, 1)]
 
 
 async def test_a_request_flows_to_completed_with_one_erp_order(running: Ctx) -> None:

@@ -255,6 +255,12 @@ def let_go(how: str) -> TransactionBoundaryError:
     )
 
 
+class CommitConflict(Exception):
+    """A transaction of :meth:`Database.deferred` broke a constraint (a unique key, a
+    foreign key, a check) in the round trip that carried its statements and ``COMMIT``:
+    nothing was committed. The caller decides again, e.g. with statements that look first."""
+
+
 class BatchLost(Exception):
     """A handler ended a whole group-commit transaction (or released past its savepoint, or
     took transaction-wide state: ``isolate`` names what): no job of the batch committed; the
@@ -335,11 +341,21 @@ class Tx(ABC):
     async def q(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         """Run a named jobfence query; rows as dicts."""
 
+    #: True while a transaction from :meth:`Database.deferred` has sent nothing yet: its
+    #: BEGIN and first steps leave with its first statement whose result is needed, or with
+    #: its COMMIT (what :meth:`q_at_commit` and :meth:`execute_at_commit` queue goes there)
+    deferred: bool = False
+
     async def q_at_commit(self, name: str, params: Mapping[str, Any]) -> None:
         """Run a named jobfence statement as the transaction's last, its rows unread. In a
         transaction from :meth:`Database.work` on PostgreSQL it goes to the server with the
         COMMIT, in the same round trip (its error fails the commit); elsewhere it runs now."""
         await self.q(name, params)
+
+    async def execute_at_commit(self, sql: str, params: Params = None) -> None:
+        """:meth:`q_at_commit` for a statement of the caller's own (psycopg placeholders, as
+        :meth:`execute`): with the COMMIT where :meth:`q_at_commit` goes there, else now."""
+        await self.execute(sql, params)
 
     @abstractmethod
     async def qmany(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
@@ -513,6 +529,33 @@ class Database(ABC):
         all), in as few round trips as the driver allows; yields the transaction and each
         step's rows, and commits on success."""
 
+    #: :meth:`deferred` transactions: one that only queues statements is sent in one round
+    #: trip, and several such together (PostgreSQL)
+    supports_deferred: bool = False
+
+    def deferred(self, steps: Sequence[str], params: Mapping[str, Any]) -> Tx:
+        """A transaction that holds no connection and sends nothing up front
+        (:attr:`Tx.deferred`): ``BEGIN`` and the named ``steps`` (one parameter set; their
+        rows are never read, so a step that must hold raises instead, e.g. a plain
+        ``INSERT`` on a unique key) leave with its first statement whose result is needed
+        (which checks a connection out), or, when it only queued statements
+        (:meth:`Tx.q_at_commit`, :meth:`Tx.execute_at_commit`), with its ``COMMIT``. End it
+        with :meth:`commit_deferred` or :meth:`abandon_deferred`. See
+        :attr:`supports_deferred`."""
+        raise ConfigurationError(f"deferred transactions are not available on {self.dialect}")
+
+    async def commit_deferred(self, txs: Sequence[Tx]) -> None:
+        """Commit transactions from :meth:`deferred`: one that has begun on its own
+        connection; several that sent nothing yet together, as **one** transaction in one
+        round trip (all or nothing: on an error none of them committed, and each may be
+        committed alone). A statement breaking a constraint raises :class:`CommitConflict`."""
+        raise ConfigurationError(f"deferred transactions are not available on {self.dialect}")
+
+    async def abandon_deferred(self, tx: Tx) -> None:
+        """Roll back a transaction from :meth:`deferred` (nothing to do if it sent nothing)
+        and give its connection back."""
+        raise ConfigurationError(f"deferred transactions are not available on {self.dialect}")
+
     #: Group commit (:meth:`batch`): many jobs in one transaction, each in a savepoint.
     supports_batch: bool = False
 
@@ -564,6 +607,7 @@ __all__ = [
     "DATA_ERROR",
     "DRIVER_ERROR",
     "BatchLost",
+    "CommitConflict",
     "Database",
     "Params",
     "Row",

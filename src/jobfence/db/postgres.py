@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import Any, LiteralString, Self
 
@@ -22,6 +22,7 @@ from ..errors import DatabaseUnavailable, TransactionBoundaryError
 from . import (
     SAVEPOINT_PREFIX,
     BatchLost,
+    CommitConflict,
     Database,
     Params,
     Row,
@@ -209,8 +210,8 @@ class PgTx(Tx):
         self._conn = conn
         self._sql = sql
         #: in a transaction from :meth:`PostgresDatabase.work`: the statements that go with
-        #: its COMMIT (:meth:`q_at_commit`); None elsewhere
-        self.at_commit: list[tuple[LiteralString, Mapping[str, Any]]] | None = None
+        #: its COMMIT (:meth:`q_at_commit`, :meth:`execute_at_commit`); None elsewhere
+        self.at_commit: list[tuple[str, Params]] | None = None
 
     @property
     def connection(self) -> psycopg.AsyncConnection[Any]:
@@ -235,6 +236,14 @@ class PgTx(Tx):
         else:
             self.at_commit.append((self._sql[name], params))
 
+    async def execute_at_commit(self, sql: str, params: Params = None) -> None:
+        if self.at_commit is None:
+            await self.execute(sql, params)
+            return
+        if self.guard is not None:
+            self.guard.screen(sql)  # no COMMIT of the caller's own in the commit's round trip
+        self.at_commit.append((_handler_sql(sql, params), params))
+
     async def qmany(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
         async with self.connection.cursor() as cur:
             await cur.executemany(self._sql[name], params)
@@ -252,6 +261,103 @@ class PgTx(Tx):
             copy.set_types(list(types))
             for row in rows:
                 await copy.write_row(row)
+
+
+class PgDeferredTx(PgTx):
+    """A transaction of :meth:`PostgresDatabase.deferred`: it holds no connection and has
+    sent nothing (:attr:`deferred`) until its first statement whose result is needed, which
+    checks a connection out and sends ``BEGIN`` and the opening steps with it; else all of
+    it goes with the COMMIT (:meth:`PostgresDatabase.commit_deferred`)."""
+
+    def __init__(
+        self,
+        sql: Mapping[str, LiteralString],
+        checkout: Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]],
+        steps: list[tuple[str, Params]],
+        params: Mapping[str, Any],
+    ) -> None:
+        super().__init__(None, sql)  # type: ignore[arg-type]
+        self._checkout = checkout
+        self.params = params
+        self.at_commit = []
+        self.guard = TxGuard(active=True)
+        #: the opening steps, until they are sent (then None)
+        self.steps: list[tuple[str, Params]] | None = steps
+        #: the opening broke a constraint when it was sent: the transaction cannot commit,
+        #: whatever the caller made of the error
+        self.conflict: CommitConflict | None = None
+        self._hold: contextlib.AsyncExitStack | None = None
+
+    @property
+    def deferred(self) -> bool:  # type: ignore[override]
+        return self.steps is not None
+
+    @property
+    def connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None:
+            raise TransactionBoundaryError(
+                "this transaction has not begun yet (its BEGIN and first steps go with its "
+                "first statement): run a statement through it (tx.execute, tx.fetchall, "
+                "tx.q) before using its connection directly",
+                code="TX_NOT_BEGUN",
+            )
+        return self._conn
+
+    async def begin(self) -> None:
+        """Check a connection out and send ``BEGIN`` and the opening steps now (one round
+        trip), if not done yet."""
+        if self.steps is None:
+            return
+        steps, self.steps = self.steps, None
+        hold = contextlib.AsyncExitStack()
+        conn = await hold.enter_async_context(self._checkout())
+        self._conn, self._hold = conn, hold
+        opening = [("BEGIN", None), (self._sql["lend_begin"], self.params), *steps]
+        try:
+            async with AsyncClientCursor(conn) as cur:
+                bound = [cur.mogrify(query, step) for query, step in opening]
+                await cur.execute("; ".join(bound).encode())
+        except psycopg.IntegrityError as exc:
+            self.conflict = CommitConflict(_first_line(exc))
+            raise self.conflict from exc
+        _lend(conn, self).active = True
+
+    async def release(self) -> None:
+        """Roll back what was sent, if anything, and give the connection back."""
+        conn, hold, self._hold = self._conn, self._hold, None
+        if hold is None or conn is None:
+            return
+        _unlend(conn)  # jobfence's own ROLLBACK from here on
+        try:
+            if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+                with contextlib.suppress(psycopg.Error):
+                    await asyncio.shield(conn.execute("ROLLBACK"))
+        finally:
+            await hold.aclose()
+
+    async def execute(self, sql: str, params: Params = None) -> int:
+        await self.begin()
+        return await super().execute(sql, params)
+
+    async def fetchall(self, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
+        await self.begin()
+        return await super().fetchall(sql, params)
+
+    async def q(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        await self.begin()
+        return await super().q(name, params)
+
+    async def qmany(self, name: str, params: Sequence[Mapping[str, Any]]) -> None:
+        await self.begin()
+        await super().qmany(name, params)
+
+    async def script(self, sql: LiteralString) -> None:
+        await self.begin()
+        await super().script(sql)
+
+    async def copy(self, name: str, rows: Iterable[Sequence[Any]], types: Sequence[str]) -> None:
+        await self.begin()
+        await super().copy(name, rows, types)
 
 
 class PgPipelineTx(PgTx):
@@ -417,7 +523,7 @@ async def fenced_commit(
     conn: psycopg.AsyncConnection[Any],
     sql: Mapping[str, LiteralString],
     params: Mapping[str, Any],
-    before: Sequence[tuple[LiteralString, Mapping[str, Any]]] = (),
+    before: Sequence[tuple[str, Params]] = (),
 ) -> None:
     """Layer 3 and COMMIT in one round trip: core.fence_commit raises (and the COMMIT is not
     reached) unless this is the transaction jobfence began, its session defaults unchanged.
@@ -445,6 +551,12 @@ async def _named(
         if cur.description is None:
             return []
         return await cur.fetchall()
+
+
+def _as_deferred(tx: Tx) -> PgDeferredTx:
+    if not isinstance(tx, PgDeferredTx):
+        raise TypeError(f"not a transaction from deferred(): {tx!r}")
+    return tx
 
 
 class PostgresDatabase(Database):
@@ -559,6 +671,64 @@ class PostgresDatabase(Database):
                 raise
             finally:
                 _unlend(conn)
+
+    supports_deferred = True
+
+    def deferred(self, steps: Sequence[str], params: Mapping[str, Any]) -> Tx:
+        return PgDeferredTx(
+            self.sql,
+            self._connection,
+            [(self.sql[s], params) for s in steps],
+            {**params, "jobfence_tx": _token()},
+        )
+
+    async def commit_deferred(self, txs: Sequence[Tx]) -> None:
+        """See :meth:`Database.commit_deferred`. Transactions that sent nothing yet go as one
+        query: ``BEGIN``, the boundary's name, each one's steps and queued statements, the
+        boundary's check and ``COMMIT``, bound client-side (one round trip, one commit)."""
+        deferred = [_as_deferred(tx) for tx in txs]
+        for tx in deferred:
+            if tx.conflict is not None:
+                raise tx.conflict
+        if len(deferred) == 1 and not deferred[0].deferred:
+            await self._commit_begun(deferred[0])
+            return
+        if any(not tx.deferred for tx in deferred):
+            raise ValueError("a transaction that has begun commits on its own")
+        params = deferred[0].params
+        before: list[tuple[str, Params]] = [("BEGIN", None), (self.sql["lend_begin"], params)]
+        for tx in deferred:
+            before += tx.steps or []
+            before += tx.at_commit or []
+        async with self._connection() as conn:
+            try:
+                await fenced_commit(conn, self.sql, params, before)
+            except psycopg.IntegrityError as exc:
+                raise CommitConflict(_first_line(exc)) from exc
+            finally:
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        await asyncio.shield(conn.execute("ROLLBACK"))
+        for tx in deferred:
+            tx.steps = None
+
+    async def _commit_begun(self, tx: PgDeferredTx) -> None:
+        conn = tx.connection
+        try:
+            assert tx.guard is not None
+            tx.guard.active = False
+            problem = _status_problem(conn, tx.guard)
+            if problem is not None:
+                raise problem
+            try:
+                await fenced_commit(conn, self.sql, tx.params, tx.at_commit or [])
+            except psycopg.IntegrityError as exc:
+                raise CommitConflict(_first_line(exc)) from exc
+        finally:
+            await tx.release()
+
+    async def abandon_deferred(self, tx: Tx) -> None:
+        await _as_deferred(tx).release()
 
     @asynccontextmanager
     async def batch(

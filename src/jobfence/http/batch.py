@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from ..db import Database, to_datetime
+from ..db import Database, Row, Tx, to_datetime
 from .keys import IdempotencyStore, StoredResponse
 
 I = TypeVar("I")  # noqa: E741
@@ -34,6 +34,8 @@ MAX_BATCH = 64
 IN_FLIGHT = 1
 
 Claim = tuple[str, str, str]  # partner_id, key, fingerprint
+Lookup = tuple[str, str]  # partner_id, key
+Commit = tuple[str, str, Tx]  # partner_id, key, a deferred transaction (Database.deferred)
 Claimed = tuple[str, datetime | None] | None  # lease token and expiry, or not claimed
 Completion = tuple[str, str, str, StoredResponse]  # partner_id, key, token, response
 
@@ -122,6 +124,41 @@ class KeyBatches:
         self.completions: Batches[Completion, bool] = Batches(
             self._complete_many, self._complete_one
         )
+        self.lookups: Batches[Lookup, dict[str, Any] | None] = Batches(
+            self._lookup_many, self._lookup_one
+        )
+        self.commits: Batches[Commit, None] = Batches(self._commit_many, self._commit_one)
+
+    async def lookup(self, partner_id: str, key: str) -> dict[str, Any] | None:
+        """The key's row (:meth:`IdempotencyStore.get`), read with concurrent requests'."""
+        if self.db.dialect != "postgresql":
+            return await self._lookup_one((partner_id, key))
+        return await self.lookups.submit((partner_id, key))
+
+    async def commit(self, partner_id: str, key: str, tx: Tx) -> None:
+        """Commit a deferred transaction that sent nothing yet (``Database.deferred``) with
+        those of concurrent requests: one transaction, one round trip for all of them; if it
+        fails, each is committed alone (so a conflict fails only its own request)."""
+        await self.commits.submit((partner_id, key, tx))
+
+    async def _lookup_one(self, item: Lookup) -> dict[str, Any] | None:
+        return await self.store.get(*item)
+
+    async def _lookup_many(self, items: list[Lookup]) -> list[dict[str, Any] | None]:
+        rows: list[Row] = await self.db.run(
+            "idempotency_get_many",
+            {"partner_ids": [p for p, _ in items], "keys": [k for _, k in items]},
+        )
+        found = {(row["partner_id"], row["key"]): dict(row) for row in rows}
+        return [found.get(item) for item in items]
+
+    async def _commit_one(self, item: Commit) -> None:
+        await self.db.commit_deferred([item[2]])
+
+    async def _commit_many(self, items: list[Commit]) -> list[None]:
+        # in key order, as the claims: two processes' batches cannot deadlock on their keys
+        await self.db.commit_deferred([tx for _, _, tx in sorted(items, key=lambda i: i[:2])])
+        return [None] * len(items)
 
     async def claim(self, partner_id: str, key: str, fingerprint: str) -> Claimed:
         if self.db.dialect != "postgresql":

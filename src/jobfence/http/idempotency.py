@@ -29,13 +29,14 @@ import contextlib
 import inspect
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 from .. import tracing
 from ..config import parse_database_url
-from ..db import Database, connect, to_datetime
+from ..db import CommitConflict, Database, connect, to_datetime
 from ..errors import ConfigurationError, extra_needed
 from .batch import KeyBatches
 from .keys import (
@@ -123,6 +124,19 @@ class IdempotencyMiddleware:
     and then gets its stored response, instead of ``409 IDEMPOTENCY_KEY_IN_FLIGHT``; no
     lease is renewed (a server that dies aborts the transaction, which frees the key).
     Keep such handlers short: the transaction holds a pooled connection while they run.
+
+    ``claim_at_commit=True`` (implies ``one_transaction``; PostgreSQL, elsewhere it is
+    ``one_transaction``): the fewest round trips. The key is first looked up (one indexed
+    read, no transaction): a stored response is replayed from it at once. A key nobody holds
+    is claimed *with* the app's statements: the app runs first, its transaction
+    (:attr:`Tx.deferred <jobfence.db.Tx.deferred>`) sends nothing until its first statement
+    whose result it needs, and what it only queues (``tx.execute_at_commit``,
+    ``tx.q_at_commit``, :func:`jobfence.outbox.write_at_commit`) leaves with the claim, the
+    stored response and ``COMMIT`` in one round trip. If the key was taken meanwhile, or a
+    queued statement breaks a constraint, nothing is committed, the answer is dropped and the
+    request runs again as with ``one_transaction`` (the claim first). So the app may run
+    before its key is claimed, and must then have **no effect outside that transaction**
+    (no call to another service, no message sent) — only with such an app turn it on.
     """
 
     def __init__(
@@ -137,6 +151,7 @@ class IdempotencyMiddleware:
         max_body: int = DEFAULT_MAX_BODY,
         cleanup_interval: timedelta = timedelta(minutes=5),
         one_transaction: bool = False,
+        claim_at_commit: bool = False,
     ) -> None:
         if window <= timedelta(0) or lease <= timedelta(0):
             raise ConfigurationError("the idempotency window and lease must be positive")
@@ -154,7 +169,8 @@ class IdempotencyMiddleware:
         self.lease = lease
         self.max_body = max_body
         self.cleanup_interval = cleanup_interval
-        self.one_transaction = one_transaction
+        self.one_transaction = one_transaction or claim_at_commit
+        self.claim_at_commit = claim_at_commit
         self._next_cleanup = 0.0
         self._batches: KeyBatches | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -195,7 +211,10 @@ class IdempotencyMiddleware:
         if partner_id is None:
             await self.app(scope, receive, send)
             return
-        if self._tracing is None:
+        if self._tracing is None or (
+            not self._tracing.live and not any(n == b"traceparent" for n, _ in scope["headers"])
+        ):
+            # no SDK records spans and no trace context comes in: nothing for a span to carry
             await self._keyed(scope, receive, send, partner_id)
             return
         carrier = {n.decode("latin-1"): v.decode("latin-1") for n, v in scope["headers"]}
@@ -205,7 +224,7 @@ class IdempotencyMiddleware:
     def _note(self, outcome: str) -> None:
         """What the middleware did with a keyed request, on its span: ``executed``,
         ``replayed``, ``in_flight``, ``mismatch``, ``bad_key``, ``too_large``."""
-        if self._tracing is not None:
+        if self._tracing is not None and self._tracing.live:
             self._tracing.idempotency_outcome(outcome)
 
     async def _keyed(self, scope: Scope, receive: Receive, send: Send, partner_id: str) -> None:
@@ -244,6 +263,16 @@ class IdempotencyMiddleware:
         if batches is None or batches.db is not db:
             batches = self._batches = KeyBatches(db, lease=self.lease, window=self.window)
         store = batches.store
+        if self.claim_at_commit and db.supports_deferred:
+            row = await batches.lookup(partner_id, key)  # one indexed read: a replay ends here
+            if row is None:
+                if await self._run_deferred(
+                    scope, body, send, batches, partner_id, key, fingerprint
+                ):
+                    return
+            elif not row["expired"] and row["state"] == "completed":
+                await self._answer_taken(send, row, fingerprint)
+                return
         for _ in range(5):
             if self.one_transaction:
                 handled, row = await self._run_in_transaction(
@@ -263,33 +292,38 @@ class IdempotencyMiddleware:
                 row = await store.get(partner_id, key)
             if row is None or row["expired"]:
                 continue  # deleted or expired in between: claim again
-            if row["fingerprint"] != fingerprint:
-                self._note("mismatch")
-                await _send_problem(
-                    send,
-                    409,
-                    MISMATCH,
-                    "Idempotency key reused for a different request",
-                    "this key was already used with another request (method, path or body "
-                    "differ); use a new key for a new operation",
-                )
-                return
-            if row["state"] == "in_progress":
-                self._note("in_flight")
-                await _send_problem(
-                    send,
-                    409,
-                    IN_FLIGHT,
-                    "Request with this idempotency key still in progress",
-                    "the first request with this key has not finished; retry shortly to get "
-                    "its response",
-                    extra_headers=[(b"retry-after", b"1")],
-                )
-                return
-            self._note("replayed")
-            await _send_replay(send, stored_response(row))
+            await self._answer_taken(send, row, fingerprint)
             return
         raise RuntimeError("idempotency key kept changing state; giving up on this request")
+
+    async def _answer_taken(self, send: Send, row: dict[str, Any], fingerprint: str) -> None:
+        """The answer to a request whose key someone else holds (``row``, not expired): 409
+        for another request or one still running, else the stored response."""
+        if row["fingerprint"] != fingerprint:
+            self._note("mismatch")
+            await _send_problem(
+                send,
+                409,
+                MISMATCH,
+                "Idempotency key reused for a different request",
+                "this key was already used with another request (method, path or body "
+                "differ); use a new key for a new operation",
+            )
+            return
+        if row["state"] == "in_progress":
+            self._note("in_flight")
+            await _send_problem(
+                send,
+                409,
+                IN_FLIGHT,
+                "Request with this idempotency key still in progress",
+                "the first request with this key has not finished; retry shortly to get "
+                "its response",
+                extra_headers=[(b"retry-after", b"1")],
+            )
+            return
+        self._note("replayed")
+        await _send_replay(send, stored_response(row))
 
     async def _partner(self, scope: Scope) -> str | None:
         if self.partner is None:
@@ -403,6 +437,52 @@ class IdempotencyMiddleware:
             response = rollback.response
         await _send_response(send, response.status, raw_headers, response.body)
         return True, None
+
+    async def _run_deferred(
+        self,
+        scope: Scope,
+        body: bytes,
+        send: Send,
+        batches: KeyBatches,
+        partner_id: str,
+        key: str,
+        fingerprint: str,
+    ) -> bool:
+        """``claim_at_commit``: the app first, then its claim of the key (a plain insert),
+        its queued statements, the stored response and COMMIT in one round trip, shared with
+        concurrent requests'. False when that broke a constraint (the key was taken
+        meanwhile, or the app's own statement conflicted): nothing was committed or
+        answered, the caller goes the ``one_transaction`` way."""
+        token = str(uuid.uuid4())
+        params = {
+            "partner_id": partner_id,
+            "key": key,
+            "fingerprint": fingerprint,
+            "token": token,
+            "lease": self.lease.total_seconds(),
+            "window": self.window.total_seconds(),
+        }
+        db = batches.db
+        tx = db.deferred(["idempotency_insert"], params)
+        try:
+            # the key's expiry is now() + window of the transaction that claims it
+            context = IdempotencyContext(partner_id, key, fingerprint, None, tx)
+            response, raw_headers = await self._call(scope, body, context)
+            if response.status < 500:
+                await batches.store.complete(partner_id, key, token, response, tx)
+                if tx.deferred:
+                    await batches.commit(partner_id, key, tx)
+                else:
+                    await db.commit_deferred([tx])
+            elif getattr(tx, "conflict", None) is not None:
+                return False  # the app's 5xx answered the conflict of its first statement
+        except CommitConflict:
+            return False
+        finally:
+            await db.abandon_deferred(tx)
+        self._note("executed")
+        await _send_response(send, response.status, raw_headers, response.body)
+        return True
 
     async def _run(
         self,

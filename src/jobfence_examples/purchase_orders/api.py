@@ -105,7 +105,9 @@ def create_api(
         match=lambda method, path: method == "POST" and path == "/requests",
         window=idempotency_window,
         lease=idempotency_lease,
-        one_transaction=True,  # key, request row, outbox event and response: one commit
+        # key, request row, outbox event and response: one commit, in one round trip (the
+        # route's only effects are the transaction's rows, so it may run before the claim)
+        claim_at_commit=True,
     )
 
     @api.exception_handler(_Unauthorized)

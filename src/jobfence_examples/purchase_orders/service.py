@@ -418,28 +418,21 @@ class PurchaseOrderService:
             "detail": _json(detail),
         }
         async with _within(self.db, tx) as tx:
+            if tx.deferred:
+                # the middleware's claim_at_commit: the rows, the event, the key's claim and
+                # its stored response go to the server with the COMMIT, in one round trip. A
+                # key or a document already there fails that commit, and the middleware runs
+                # the request again in a transaction that has begun: the loop below looks.
+                await tx.execute_at_commit(_queries()["request_insert_new"], params)
+                await self._write_event(tx, request_id, event_id, partner_id, body)
+                return Created(request_id, event_id, State.RECEIVED, new=True)
             # A conflict is on the key or on the document (I3). An expired key is released
             # and the insert tried again; a concurrent request may have taken the key
             # meanwhile, so a few rounds.
             looked_again = False
             for _ in range(5):
                 if await q(tx, "request_insert", params):
-                    # with the middleware's transaction the event goes with its COMMIT: one
-                    # round trip fewer (event_id is new, so it cannot collide)
-                    await outbox.write_at_commit(
-                        tx,
-                        QUEUE,
-                        self._event(
-                            request_id,
-                            partner_id,
-                            body.company_id,
-                            body.document_type,
-                            body.external_reference,
-                        ),
-                        event_id=event_id,
-                        key=request_id,
-                        correlation_id=request_id,
-                    )
+                    await self._write_event(tx, request_id, event_id, partner_id, body)
                     return Created(request_id, event_id, State.RECEIVED, new=True)
                 if idempotency_key is not None:
                     holder = await q(tx, "request_by_key", params)
@@ -477,6 +470,22 @@ class PurchaseOrderService:
                         )
                 # the row we conflicted with is gone or released meanwhile: insert again
         raise RuntimeError("request insert kept conflicting with rows that changed; try again")
+
+    async def _write_event(
+        self, tx: Tx, request_id: str, event_id: str, partner_id: str, body: PurchaseOrderRequest
+    ) -> None:
+        # with the middleware's transaction the event goes with its COMMIT: one round trip
+        # fewer (event_id is new, so it cannot collide)
+        await outbox.write_at_commit(
+            tx,
+            QUEUE,
+            self._event(
+                request_id, partner_id, body.company_id, body.document_type, body.external_reference
+            ),
+            event_id=event_id,
+            key=request_id,
+            correlation_id=request_id,
+        )
 
     @staticmethod
     def _event(

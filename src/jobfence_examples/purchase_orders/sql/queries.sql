@@ -31,6 +31,25 @@ WITH created AS (
 )
 SELECT request_id FROM created
 
+-- name: request_insert_new
+-- request_insert for a transaction that sends it with its COMMIT (the API's keyed POST with
+-- claim_at_commit): no ON CONFLICT, so a key or a document already there fails the commit
+-- and the request runs again through request_insert, which looks.
+WITH created AS (
+    INSERT INTO purchase_orders.requests (
+        request_id, partner_id, idempotency_key, idempotency_expires_at, company_id,
+        document_type, external_reference, document, state, current_event_id)
+    VALUES (%(request_id)s, %(partner_id)s, %(idempotency_key)s,
+            CASE WHEN %(idempotency_key)s::text IS NOT NULL
+                 THEN coalesce(%(key_expires_at)s::timestamptz,
+                               now() + make_interval(secs => %(key_window)s)) END,
+            %(company_id)s, %(document_type)s, %(external_reference)s, %(document)s::jsonb,
+            'RECEIVED', %(event_id)s)
+    RETURNING request_id, current_event_id
+)
+INSERT INTO purchase_orders.request_history (request_id, state, event_id, detail)
+SELECT request_id, 'RECEIVED', current_event_id, %(detail)s::jsonb FROM created
+
 -- name: request_by_key
 -- The request holding a key (not released), locked: is its window over, is it the same
 -- document? (Rows from before keys expired here have no expiry: their window counts from

@@ -112,3 +112,20 @@ UPDATE core.idempotency_keys AS k SET
 FROM locked AS l
 WHERE k.partner_id = l.partner_id AND k.key = l.key
 RETURNING k.partner_id, k.key
+
+-- name: idempotency_insert
+-- The claim of a key nobody holds, as the first step of a deferred transaction
+-- (IdempotencyMiddleware(claim_at_commit=True)): a plain insert with the lease token chosen
+-- by the caller, so a key already there breaks the primary key and the whole round trip
+-- (the app's statements and the COMMIT with it) fails instead of committing without a claim.
+INSERT INTO core.idempotency_keys (
+    partner_id, key, fingerprint, state, lease_token, lease_expires_at, expires_at)
+VALUES (%(partner_id)s, %(key)s, %(fingerprint)s, 'in_progress', %(token)s::uuid,
+        now() + make_interval(secs => %(lease)s), now() + make_interval(secs => %(window)s))
+
+-- name: idempotency_get_many
+-- idempotency_get for the keys of concurrent requests in one statement (jobfence.http.batch).
+SELECT k.partner_id, k.key, k.fingerprint, k.state, k.status_code, k.response_headers,
+       k.response_body, k.expires_at, k.expires_at <= now() AS expired
+FROM unnest(%(partner_ids)s::text[], %(keys)s::text[]) AS t(partner_id, key)
+JOIN core.idempotency_keys AS k ON k.partner_id = t.partner_id AND k.key = t.key
