@@ -38,7 +38,8 @@ POSTGRESQL_ONLY = {
     "idempotency_complete_many": "completions of concurrent requests batched",
     "dl_search_window": "a time window of dead letters through the failed_at index",
     "fence_partitions_add": "fences partitioned by day of expiry (SQLite: one plain table)",
-    "fence_partition_drop": "fences partitioned by day of expiry",
+    "fence_partitions_detach": "fences partitioned by day of expiry",
+    "fence_partitions_purge": "fences partitioned by day of expiry",
 }
 SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
 #: the flat modules that moved into core/, runtime/, review/ and outbox/ (issue 24)
