@@ -40,6 +40,7 @@ POSTGRESQL_ONLY = {
     "fence_partitions_add": "fences partitioned by day of expiry (SQLite: one plain table)",
     "fence_partitions_detach": "fences partitioned by day of expiry",
     "fence_partitions_purge": "fences partitioned by day of expiry",
+    "dead_letters_expire": "decided letters past the owner's retention (SQLite keeps every one)",
 }
 SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
 #: the flat modules that moved into core/, runtime/, review/ and outbox/ (issue 24)

@@ -25,7 +25,9 @@ inserting fences is never held up for more than one batch. One cleaner runs at a
 cleaner that stalled past its lease can never commit another batch. Works the same on
 PostgreSQL and SQLite (whose single writer alternates batches with the workers' commits).
 
-A worker runs :func:`cleanup_loop` in the background (:mod:`jobfence.runtime.maintenance`).
+A worker runs :func:`cleanup_loop` in the background (:mod:`jobfence.runtime.maintenance`);
+each round that ran also removes the decided dead letters past the retention the database's
+owner set, if any (:func:`expire_letters`; never a letter pending review).
 """
 
 from __future__ import annotations
@@ -193,6 +195,26 @@ async def _delete_batch(db: Database, tx: Tx, params: dict[str, object]) -> int:
     return int((await tx.q("changes"))[0]["changed"])
 
 
+async def expire_letters(db: Database, *, batch: int = DEFAULT_BATCH) -> int:
+    """Remove the decided dead letters past the retention the database's owner set (docs/
+    dead-letters.md; none set: none), ``batch`` per transaction, until none is left; how
+    many went. Letters pending review are never removed. 0 on SQLite, which keeps every
+    letter."""
+    if db.dialect != "postgresql":
+        return 0
+    total = 0
+    while True:
+        async with db.transaction() as tx:
+            rows = await tx.q("dead_letters_expire", {"batch": batch})
+        count = int(rows[0]["expired"])
+        total += count
+        if count < batch:
+            break
+    if total:
+        log.info("decided dead letters past their retention removed", extra={"letters": total})
+    return total
+
+
 async def cleanup_loop(
     db: Database,
     *,
@@ -212,6 +234,8 @@ async def cleanup_loop(
                 log.debug("another cleaner is running", extra={"holder": result.busy})
             elif result.caught_up:
                 CLEANUP_SUCCEEDED.set_to_current_time()
+            if not result.busy:  # the round's cleaner, under the same lease's rounds
+                await expire_letters(db, batch=batch)
         except Exception:
             CLEANUP_FAILURES.inc()
             log.exception("fence cleanup failed; trying again next round")
