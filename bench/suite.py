@@ -1101,6 +1101,13 @@ def main(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scale", type=float, default=1.0, help="size factor (0.05 for a smoke run)"
     )
+    parser.add_argument(
+        "--fences-huge",
+        type=int,
+        default=100_000_000,
+        help="fences workload: live fences of the second, insert-only table (× --scale; as "
+        "many as the disk holds; 0: none)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: --scale 0.05 --repeat 1")
     parser.add_argument("--no-peers", action="store_true", help="jobfence and pgbench only")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
