@@ -65,7 +65,7 @@ FROM core.fence_partitions_detach(coalesce(%(now)s::timestamptz, now()), %(min_a
 SELECT core.fence_partitions_purge() AS dropped
 
 -- name: cleanup_fences
--- The default partition's expired fences (the day partitions go whole: fence_partition_drop),
+-- The default partition's expired fences (the day partitions go whole: fence_partitions_detach),
 -- oldest first, except: younger than min_age (a retry window), of a job_id
 -- with a letter pending review or replayed within min_age, or of a job still retrying here.
 -- The DELETE finds the locked rows by ctid (a TID scan; ctid is unique within one partition):
