@@ -234,7 +234,7 @@ async def cleanup_loop(
                 log.debug("another cleaner is running", extra={"holder": result.busy})
             elif result.caught_up:
                 CLEANUP_SUCCEEDED.set_to_current_time()
-            if not result.busy:  # the round's cleaner, under the same lease's rounds
+            if not result.busy:  # this round ran (no other cleaner held the lease)
                 await expire_letters(db, batch=batch)
         except Exception:
             CLEANUP_FAILURES.inc()
