@@ -98,6 +98,69 @@ def seed_fences(conn: psycopg.Connection[Any], n: int, *, expired: int = 0, tag:
             conn.execute(create)  # type: ignore[arg-type]
 
 
+#: one day partition's share of the live week, inserted straight into the partition (no tuple
+#: routing; the key index built after): ``g`` over the whole seed, only the rows of the day kept
+DAY_FENCES_SQL = """
+INSERT INTO core.{part} (consumer, job_id, processed_at, expires_at)
+SELECT (ARRAY['orders', 'invoices', 'emails', 'webhooks'])[1 + g %% 4], md5(%(tag)s || g),
+       e - interval '7 days', e
+FROM (SELECT g, %(t0)s::timestamptz + interval '7 days' * g / (%(n)s + 1) AS e
+      FROM generate_series(%(g_lo)s::bigint, %(g_hi)s::bigint) AS g) AS s
+WHERE e >= %(lo)s AND e < %(hi)s
+"""
+#: bytes of disk a fence takes with its share of the key index (docs/benchmarks.md: 171 B
+#: measured), with room for the WAL and the index build's sort
+FENCE_DISK = 400
+
+
+def fences_the_disk_allows(conn: psycopg.Connection[Any], wanted: int) -> int:
+    """``wanted``, or fewer: as many fences as the free space of the database's disk holds
+    (:data:`FENCE_DISK` bytes each), leaving 10 GB free."""
+    import shutil
+
+    row = conn.execute("SHOW data_directory").fetchone()
+    free = shutil.disk_usage(row[0]).free if row else 0
+    return max(0, min(wanted, (free - 10 * 2**30) // FENCE_DISK))
+
+
+def seed_live_fences_by_day(url: str, n: int, *, workers: int = 2) -> None:
+    """``n`` live fences expiring evenly over the next 7 days, each day's rows inserted
+    straight into its partition by ``workers`` connections at once (the days created first),
+    then the key index built on all of them by one sort each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(FENCE_DAYS_SQL)  # type: ignore[arg-type]
+        for drop, _ in FENCE_INDEXES:
+            conn.execute(drop)  # type: ignore[arg-type]
+        t0 = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        parts = conn.execute(
+            "SELECT name, lower_bound, upper_bound FROM core.fence_partitions() "
+            "WHERE NOT is_default AND upper_bound > %s AND lower_bound <= %s "
+            "ORDER BY lower_bound",
+            (t0, t0 + timedelta(days=7)),
+        ).fetchall()
+    week = timedelta(days=7).total_seconds()
+
+    def one(part: tuple[str, datetime, datetime]) -> None:
+        name, lo, hi = part
+        g_lo = max(1, math.floor((lo - t0).total_seconds() / week * (n + 1)) - 1)
+        g_hi = min(n, math.ceil((hi - t0).total_seconds() / week * (n + 1)) + 1)
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(
+                DAY_FENCES_SQL.format(part=name),  # type: ignore[arg-type]
+                {"tag": "", "t0": t0, "n": n, "g_lo": g_lo, "g_hi": g_hi, "lo": lo, "hi": hi},
+            )
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, parts))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET maintenance_work_mem = '1GB'")
+        for _, create in FENCE_INDEXES:
+            conn.execute(create)  # type: ignore[arg-type]
+        conn.execute("ANALYZE core.processed_jobs")
+
+
 #: queues by share (per mille) of the letters: one common, one rare
 QUEUES = [("orders", 400), ("invoices", 200), ("emails", 150), ("webhooks", 100),
           ("credits", 80), ("exports", 50), ("sync", 19), ("audit", 1)]  # fmt: skip
@@ -252,11 +315,55 @@ def fences_workload(args: argparse.Namespace, results: Any, step: Callable[[str]
         row.values.append(c["seconds"] * 1000)
         row.note = (
             f"{c['days']} days dropped, {c['batches']} batches of the default partition, "
-            f"longest transaction {c['longest_ms']:.0f} ms"
+            f"the fence table held at most {c['longest_ms']:.0f} ms (detach, batches); "
+            f"the detached days' drop (their files removed) {c['dropping_ms']:.0f} ms"
         )
+        held = results.row(
+            "fence cleanup: fence table held",
+            f"{c['rows']:,} of {total:,} expired",
+            "ms",
+            higher_is_better=False,
+        )
+        held.values.append(c["longest_ms"])
+        held.note = "the longest transaction holding a lock a fence insert waits for"
+    huge = int(args.fences_huge * args.scale)
+    if huge > big:
+        fences_huge(args, results, step, huge)
     step(
         f"fences: {2 * big:,} rows seeded in {out['seed_s']:.0f}s; cleanup of "
         f"{out['cleanup']['big']['rows']:,} in {out['cleanup']['big']['seconds']:.2f} s; "
+        f"{time.perf_counter() - started:.0f}s in all"
+    )
+
+
+def fences_huge(
+    args: argparse.Namespace, results: Any, step: Callable[[str], None], huge: int
+) -> None:
+    """Fences at 100 000 000 (``--fences-huge``, × scale) live, or as many as the disk holds,
+    against an empty table: the insert latency only (seeded straight into the days)."""
+    started = time.perf_counter()
+    out = _child("fences", "--big", str(huge), "--rounds", str(args.repeat), "--insert-only")
+    empty, full = out["labels"]["small"], out["labels"]["big"]
+    for key, title in (("p50", "fence insert p50"), ("p99", "fence insert p99")):
+        for label in (empty, full):
+            row = results.row(
+                title,
+                label,
+                "ms",
+                higher_is_better=False,
+                baseline=None if label == empty else empty,
+            )
+            row.values.extend(out["insert"][label][key])
+            if label == full:
+                gb = out["sizes"]["bytes"] / 2**30
+                row.note = (
+                    f"{out['sizes']['fences']:,} fences, {gb:.1f} GB, "
+                    f"{out['sizes']['partitions']} partitions"
+                    + (f"; the disk held no more of {out['wanted']:,}" if out["wanted"] > huge
+                       else "")
+                )  # fmt: skip
+    step(
+        f"fences: {out['sizes']['fences']:,} live seeded in {out['seed_s']:.0f}s, "
         f"{time.perf_counter() - started:.0f}s in all"
     )
 
@@ -300,13 +407,15 @@ def growth_targets(results: Any, verdict: Callable[[bool], str]) -> list[tuple[s
         ("fence table: durable drain", "live", 0.8, True),
     ):
         rows = [r for (w, _), r in results.rows.items() if w == workload and r.baseline]
-        if rows and big_label in rows[0].label:
-            base = results.get(workload, rows[0].baseline)
-            if base and base.values and rows[0].values:
-                x = rows[0].median / base.median
+        for row in rows:  # 10M live + 10M expired, and 100M live (--fences-huge)
+            if big_label not in row.label:
+                continue
+            base = results.get(workload, row.baseline)
+            if base and base.values and row.values:
+                x = row.median / base.median
                 sign = "≥" if higher else "≤"
                 ok = x >= limit if higher else x <= limit
-                target = f"{workload}: {rows[0].label} {sign} {limit:g}× the small case"
+                target = f"{workload}: {row.label} {sign} {limit:g}× the small case"
                 out.append((target, f"{x:.2f}×", verdict(ok)))
     cleanups = [r for (w, _), r in results.rows.items() if w == "fence cleanup" and r.values]
     if cleanups:  # the issue's target is for the big table's (10M); the small one is shown only
@@ -580,9 +689,27 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
             conn.execute("CREATE TABLE effects (job_id text NOT NULL)")
             conn.execute(FENCE_DAYS_SQL)  # type: ignore[arg-type]
         apps[size] = (app, counter)
-    # a.big live fences (a week of them) and as many expired ones (the week before last)
-    expired = a.big
-    seed_s = seeded(a.big_url, lambda conn: seed_fences(conn, a.big + expired, expired=expired))
+    wanted = a.big
+    if a.insert_only:  # a.big live fences, straight into their days, as many as the disk holds
+        with psycopg.connect(a.big_url) as conn:
+            a.big = fences_the_disk_allows(conn, a.big)
+        labels["big"] = f"{a.big:,} live"
+        labels["small"] = "empty table (interleaved with the live-only table)"
+        started = time.perf_counter()
+        seed_live_fences_by_day(a.big_url, a.big)
+        seed_s = time.perf_counter() - started
+    else:  # a.big live fences (a week of them) and as many expired ones (the week before last)
+        expired = a.big
+        seed_s = seeded(a.big_url, lambda conn: seed_fences(conn, a.big + expired, expired=expired))
+    sizes = {}
+    with psycopg.connect(a.big_url) as conn:
+        for key, sql in (
+            ("fences", "SELECT count(*) FROM core.processed_jobs"),
+            ("bytes", "SELECT sum(pg_total_relation_size(relid)) FROM "
+                      "pg_partition_tree('core.processed_jobs')"),
+            ("partitions", "SELECT count(*) FROM core.fence_partitions()"),
+        ):  # fmt: skip
+            sizes[key] = int(conn.execute(sql).fetchone()[0])  # type: ignore[index, call-overload]
     insert: dict[str, dict[str, list[float]]] = {v: {"p50": [], "p99": []} for v in labels.values()}
     drain: dict[str, list[float]] = {v: [] for v in labels.values()}
     for r in range(a.rounds):  # interleaved, the order alternating from round to round
@@ -594,7 +721,7 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
             await asyncio.gather(*writers)
             insert[labels[size]]["p50"].append(phase.pct(0.5))
             insert[labels[size]]["p99"].append(phase.pct(0.99))
-        for size, (app, counter) in ordered(apps, r):
+        for size, (app, counter) in ordered(apps, r) if not a.insert_only else []:
             await app.enqueue_many(
                 [app.job("work", {}, job_id=str(uuid.uuid4())) for _ in range(a.drain)]
             )
@@ -606,6 +733,11 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
             drain[labels[size]].append(a.drain / (time.perf_counter() - started))
             worker.request_stop()
             await running
+    if a.insert_only:
+        for app, _ in apps.values():
+            await app.close()
+        return {"seed_s": seed_s, "insert": insert, "sizes": sizes, "labels": labels,
+                "wanted": wanted}  # fmt: skip
     # cleanup: the expired half of a small table, then of the big one (whole days dropped)
     small_rows = min(200_000, a.big // 5)
     seeded(
@@ -613,6 +745,11 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
     )
     cleanup: dict[str, dict[str, Any]] = {}
     for size, (app, _) in apps.items():
+        # a day dropped in production expired a week ago: its pages were written out long
+        # since; here the seeding's are written out first, so that the drop does not wait
+        # for the kernel's writeback of the rows just seeded
+        with psycopg.connect(a.small_url if size == "small" else a.big_url) as conn:
+            conn.execute("CHECKPOINT")
         res = await cleanup_fences(app.db, min_age=timedelta(minutes=18, seconds=30))
         with psycopg.connect(a.small_url if size == "small" else a.big_url) as conn:
             left = conn.execute(
@@ -626,13 +763,14 @@ async def fences_child(a: argparse.Namespace) -> dict[str, Any]:
             "seconds": res.seconds,
             "rows_per_s": res.deleted / res.seconds if res.seconds else 0.0,
             "longest_ms": res.longest_batch * 1000,
+            "dropping_ms": res.dropping * 1000,
         }
         if left and left[0]:
             raise SystemExit(f"cleanup of the {size} table left {left[0]} expired fences")
     for app, _ in apps.values():
         await app.close()
     return {"seed_s": seed_s, "insert": insert, "drain": drain, "drain_jobs": a.drain,
-            "cleanup": cleanup, "small_rows": small_rows}  # fmt: skip
+            "cleanup": cleanup, "small_rows": small_rows, "sizes": sizes}  # fmt: skip
 
 
 def main() -> None:
@@ -647,6 +785,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=3.0, help="letters: seconds per round")
     parser.add_argument("--seconds", type=float, default=3.0, help="fences: insert phase")
     parser.add_argument("--drain", type=int, default=20_000, help="fences: jobs per drain")
+    parser.add_argument(
+        "--insert-only", action="store_true", help="fences: --big live fences, insert only"
+    )
     a = parser.parse_args()
     sys.path.insert(0, str(HERE))
     out = asyncio.run(letters_child(a) if a.kind == "letters" else fences_child(a))

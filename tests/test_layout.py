@@ -40,8 +40,10 @@ POSTGRESQL_ONLY = {
     "idempotency_get_many": "look-ups of concurrent requests' keys batched",
     "dl_search_window": "a time window of dead letters through the failed_at index",
     "fence_partitions_add": "fences partitioned by day of expiry (SQLite: one plain table)",
-    "fence_partition_drop": "fences partitioned by day of expiry",
     "flow_lock": "an advisory lock per limited queue (SQLite's write lock serialises claims)",
+    "fence_partitions_detach": "fences partitioned by day of expiry",
+    "fence_partitions_purge": "fences partitioned by day of expiry",
+    "dead_letters_expire": "decided letters past the owner's retention (SQLite keeps every one)",
 }
 SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
 #: the flat modules that moved into core/, runtime/, review/ and outbox/ (issue 24)

@@ -212,3 +212,78 @@ async def test_the_fence_table_becomes_partitioned_with_its_fences(empty_pg_data
     assert (after.days, after.deleted) == (1, 2999)
     assert left == [("new-1",), ("old-7",)]
     assert "processed_jobs_legacy" not in [p[0] for p in parts]
+
+
+PARTITIONS_AND_RETENTION = next(
+    m.version for m in migrations("postgresql") if m.name == "partitions_and_retention"
+)
+
+
+async def test_detached_days_and_letter_retention_keep_every_row(empty_pg_database: str) -> None:
+    """A database before the migration with fences in day partitions (one day already
+    expired) and dead letters old and new, pending and decided: the migration keeps every
+    row, sets no retention (so cleanup removes no letter), and the next cleanup detaches and
+    drops the expired day, keeping the fence of the letter pending review."""
+    from jobfence.runtime.cleanup import cleanup_fences, expire_letters
+    from jobfence.runtime.partitions import add_days
+
+    url = empty_pg_database
+    now = datetime.now(UTC)
+    db = await _open(url)
+    try:
+        async with db.transaction() as tx:
+            await tx.script(db.sql["create_migrations_table"])  # type: ignore[attr-defined]
+            for m in migrations("postgresql"):
+                if m.version < PARTITIONS_AND_RETENTION:
+                    await tx.script(m.sql)
+                    await tx.q("record_migration", {"version": m.version, "name": m.name})
+        await add_days(db, timedelta(days=7), now - timedelta(days=7))  # last week's days
+        await add_days(db, timedelta(days=7), now)
+        async with db.transaction() as tx:
+            await tx.execute(
+                "INSERT INTO core.processed_jobs (consumer, job_id, processed_at, expires_at) "
+                "SELECT 'points', 'f-' || g, now() - interval '9 days', "
+                "now() - interval '2 days' + g * interval '1 second' "
+                "FROM generate_series(1, 100) AS g"
+            )
+            await tx.execute(
+                "INSERT INTO core.processed_jobs (consumer, job_id, processed_at, expires_at) "
+                "SELECT 'points', 'live-' || g, now(), now() + interval '7 days' "
+                "FROM generate_series(1, 50) AS g"
+            )
+            await tx.execute(
+                "INSERT INTO core.dead_letters (queue, consumer, job_id, payload, payload_size, "
+                "attempts, error_category, last_error, failed_at) SELECT 'points', 'points', "
+                "'f-' || g, '\\x7b7d', 2, 6, 'TEMPORARY_ERROR', 'x', now() - g * interval "
+                "'100 days' FROM generate_series(1, 4) AS g"
+            )
+            await tx.execute(
+                "UPDATE core.dead_letters SET status = 'discarded', reviewed_at = now() - "
+                "interval '90 days', reviewed_by = 'ops', review_reason = 'old' "
+                "WHERE job_id IN ('f-2', 'f-3', 'f-4')"
+            )
+        assert await Store(db).migrate() == [
+            m.version for m in migrations("postgresql") if m.version >= PARTITIONS_AND_RETENTION
+        ]
+        async with db.transaction() as tx:
+            counts = await tx.fetchall(
+                "SELECT (SELECT count(*) FROM core.processed_jobs), "
+                "(SELECT count(*) FROM core.dead_letters), "
+                "(SELECT count(*) FROM core.dead_letter_retention)"
+            )
+        expired = await expire_letters(db)
+        cleaned = await cleanup_fences(db, min_age=timedelta(hours=1))
+        async with db.transaction() as tx:
+            left = await tx.fetchall(
+                "SELECT job_id FROM core.processed_jobs WHERE job_id LIKE 'f-%' ORDER BY 1"
+            )
+            letters = await tx.fetchall("SELECT count(*) FROM core.dead_letters")
+            detached = await tx.fetchall("SELECT count(*) FROM core.fence_partitions_detached()")
+    finally:
+        await db.close()
+    assert counts == [(150, 4, 0)]
+    assert expired == 0
+    assert (cleaned.deleted, cleaned.days >= 1) == (99, True)
+    assert left == [("f-1",)]  # its letter is pending review
+    assert letters == [(4,)]
+    assert detached == [(0,)]

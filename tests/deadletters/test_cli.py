@@ -264,6 +264,7 @@ def test_cleanup_once_reports_what_it_deleted(
     code, out, _ = jobfence(capsys, "cleanup", "--once", "--json", "--database-url", url)
     result = json.loads(out)
     assert (code, result["deleted"], result["batches"], result["ran"]) == (0, 2, 1, True)
+    assert result["letters_expired"] == 0  # no retention set by the owner
     left = asyncio.run(query(url, f"SELECT job_id FROM {table(url, 'processed_jobs')}"))
     assert left == [("fresh",)]
 

@@ -20,7 +20,7 @@ from jobfence import App, Job, NonRetryableError, RetryPolicy, Tx, outbox
 from jobfence.alerts import AlertDispatcher
 from jobfence.review import deadletters as dl
 from jobfence.review import jobctl, replays
-from jobfence.runtime.cleanup import cleanup_fences
+from jobfence.runtime.cleanup import cleanup_fences, expire_letters
 from jobfence.runtime.maintenance import Maintenance
 from jobfence.transports.database import DatabaseQueue
 
@@ -201,6 +201,7 @@ async def test_the_documented_application_role_works_and_cannot_erase_evidence(
         cleaned = await cleanup_fences(
             app.db, min_age=timedelta(0), now=datetime.now(UTC) + timedelta(days=30)
         )
+        expired = await expire_letters(app.db)  # no retention set by the owner: none
         dispatcher = AlertDispatcher(app.db, [], window=timedelta(minutes=5), timeout=5.0)
         try:
             await dispatcher.tick()
@@ -232,6 +233,7 @@ async def test_the_documented_application_role_works_and_cannot_erase_evidence(
 
     assert await query(url, "SELECT count(*) FROM ledger") == [(2,)]
     assert cleaned.deleted == 2
+    assert expired == 0
     assert done.counts == {"published": 1}
     assert redriven == ["evt-app-role"]
     assert [e.action for e in trail.items][-2:] == ["dead_letter.replay", "dead_letter.discard"]
@@ -256,6 +258,8 @@ async def test_the_documented_application_role_works_and_cannot_erase_evidence(
         "SET session_replication_role = replica",
         "DELETE FROM core.schema_migrations",
         "UPDATE core.ops_tokens SET role = 'operator'",
+        "INSERT INTO core.dead_letter_retention (decided_for) VALUES ('1 day')",
+        "UPDATE core.dead_letter_retention SET decided_for = '1 day'",
     ]
     answers = []
     for sql in refused:

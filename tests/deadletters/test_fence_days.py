@@ -5,16 +5,20 @@ a day not yet due stays, whole."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
+from jobfence.core.fence import claim_tx
+from jobfence.db import Database
 from jobfence.runtime.cleanup import cleanup_fences
-from jobfence.runtime.partitions import add_days, days_for
+from jobfence.runtime.partitions import add_days, days_for, detach_days, purge
 
 from ..helpers import query, scalar
 from .conftest import letter_params, opened, seed_letters
 from .test_cleanup import MIN_AGE, add_fences, fences, review
 
 TTL = timedelta(days=7)
+DAY = timedelta(days=1)
 
 
 async def day_partitions(url: str) -> list[str]:
@@ -106,3 +110,64 @@ async def test_a_day_whose_locks_are_busy_stays_until_the_next_round(pg_database
     assert (busy.days, busy.ran) == (0, True)
     assert done.days == 3
     assert await scalar(url, "SELECT count(*) FROM core.processed_jobs") == 0
+
+
+async def detached_tables(url: str) -> list[str]:
+    rows = await query(url, "SELECT core.fence_partitions_detached()::text")
+    return sorted(r[0] for r in rows)
+
+
+async def test_the_days_are_dropped_in_a_transaction_a_fence_insert_does_not_wait_for(
+    pg_database: str,
+) -> None:
+    """Detaching the due days holds the fence table for one short transaction; the drop of the
+    detached tables (their files removed at its commit) comes after it, and while it is open
+    a fence is written, committed and found by a duplicate without waiting."""
+    url = pg_database
+    now = datetime.now(UTC)
+    first, last = days_for(TTL, now)
+    noon = datetime(first.year, first.month, first.day, 12, tzinfo=UTC)
+    clock = datetime(last.year, last.month, last.day, tzinfo=UTC) + MIN_AGE
+    async with opened(url) as db:
+        await add_days(db, TTL, now)
+        await add_fences(url, [("points", f"old-{i}", noon - TTL, noon) for i in range(20)])
+        async with db.transaction() as tx:
+            days = await detach_days(tx, now=clock, min_age=MIN_AGE)
+        assert [d.fences for d in days] == [20, 0, 0]
+        assert await day_partitions(url) == [f"processed_jobs_p{last:%Y%m%d}"]
+        assert len(await detached_tables(url)) == 3
+        async with db.transaction() as dropping:
+            assert await purge(dropping) == 3
+            async with asyncio.timeout(5), opened(url) as other:
+                assert await fence_once(other, "during-the-drop")
+                assert not await fence_once(other, "during-the-drop")
+        assert await detached_tables(url) == []
+    assert await fences(url) == ["during-the-drop"]
+
+
+async def test_a_day_left_detached_by_a_stopped_cleaner_is_dropped_next_round(
+    pg_database: str,
+) -> None:
+    """A cleaner that stopped between the two transactions leaves its days detached (no
+    longer fences: a duplicate of their keys is not found there any more than after a drop);
+    the next round drops them, though no other fence is due."""
+    url = pg_database
+    now = datetime.now(UTC)
+    first, last = days_for(TTL, now)
+    noon = datetime(first.year, first.month, first.day, 12, tzinfo=UTC)
+    clock = datetime(last.year, last.month, last.day, tzinfo=UTC) + MIN_AGE
+    async with opened(url) as db:
+        await add_days(db, TTL, now)
+        await add_fences(url, [("points", "old", noon - TTL, noon)])
+        async with db.transaction() as tx:
+            assert len(await detach_days(tx, now=clock, min_age=MIN_AGE)) == 3
+        left = await detached_tables(url)
+        result = await cleanup_fences(db, min_age=MIN_AGE, now=clock)
+    assert left == [f"core.processed_jobs_p{(first + n * DAY):%Y%m%d}_detached" for n in range(3)]
+    assert (result.ran, result.days) == (True, 0)
+    assert await detached_tables(url) == []
+
+
+async def fence_once(db: Database, job_id: str) -> bool:
+    async with db.transaction() as tx:
+        return await claim_tx(tx, "points", job_id, TTL)

@@ -87,9 +87,11 @@ def cleanup(
 
     A fence is kept while its job could still be delivered, while its job_id has a dead
     letter pending review (or replayed recently), or while that job is still retrying.
+    Also removes the decided dead letters past the retention the database's owner set, if
+    any (never a letter pending review).
     """
     from .. import logs
-    from ..runtime.cleanup import cleanup_fences, cleanup_loop
+    from ..runtime.cleanup import cleanup_fences, cleanup_loop, expire_letters
 
     logs.configure(log_level, log_format)
     age = min_age if min_age is not None else fence_exposure(DEFAULT_POLICY, DEFAULT_LEASE)
@@ -99,8 +101,9 @@ def cleanup(
         async with opened_app(database_url) as app:
             if once:
                 result = await cleanup_fences(app.db, min_age=age, batch=batch)
+                letters = await expire_letters(app.db, batch=batch) if result.ran else 0
                 if as_json:
-                    emit_json({**result.__dict__, "ran": result.ran})
+                    emit_json({**result.__dict__, "ran": result.ran, "letters_expired": letters})
                 elif result.busy:
                     console.print(f"another cleaner is running ({result.busy}); nothing done")
                 else:
@@ -110,6 +113,11 @@ def cleanup(
                         f"batches), {result.seconds:.2f}s (longest transaction "
                         f"{result.longest_batch * 1000:.0f} ms)"
                     )
+                    if letters:
+                        console.print(
+                            f"removed {letters} decided dead letters past the retention the "
+                            "database's owner set"
+                        )
                 return
             stop = asyncio.Event()
             remove = _stop_on_signals(stop)

@@ -10,10 +10,11 @@ job ran) — but **never**:
   ago (a replay must meet the fence);
 - while a job with its job_id is still retrying in this database's queue.
 
-On PostgreSQL the fences are partitioned by day of expiry (:mod:`jobfence.partitions`):
-cleanup first drops each day whose fences all expired more than ``min_age`` ago, whole (the
-fences kept for the reasons above are moved out first), then deletes the expired fences of
-the default partition as below.
+On PostgreSQL the fences are partitioned by day of expiry (:mod:`jobfence.runtime.partitions`):
+cleanup first detaches every day whose fences all expired more than ``min_age`` ago, in one
+short transaction (the fences kept for the reasons above are moved out first), drops them
+whole in a second one that holds nothing a fence insert waits for, then deletes the expired
+fences of the default partition as below.
 
 Cleanup deletes in bounded batches, oldest first, each batch its own short transaction found
 through the ``expires_at`` index (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, where each batch
@@ -24,7 +25,9 @@ inserting fences is never held up for more than one batch. One cleaner runs at a
 cleaner that stalled past its lease can never commit another batch. Works the same on
 PostgreSQL and SQLite (whose single writer alternates batches with the workers' commits).
 
-A worker runs :func:`cleanup_loop` in the background (:mod:`jobfence.runtime.maintenance`).
+A worker runs :func:`cleanup_loop` in the background (:mod:`jobfence.runtime.maintenance`);
+each round that ran also removes the decided dead letters past the retention the database's
+owner set, if any (:func:`expire_letters`; never a letter pending review).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from datetime import datetime, timedelta
 from ..core.leases import Lease, default_holder
 from ..db import Database, Tx
 from ..metrics import CLEANUP_FAILURES, CLEANUP_SUCCEEDED, FENCES_DELETED
-from .partitions import busy, drop_day
+from .partitions import Dropped, busy, detach_days, purge
 
 log = logging.getLogger("jobfence.cleanup")
 
@@ -61,6 +64,9 @@ class CleanupResult:
     caught_up: bool = True
     #: day partitions dropped whole (PostgreSQL); their fences are counted in ``deleted``
     days: int = 0
+    #: seconds of the transaction that dropped the detached days (their files removed at its
+    #: commit): it holds no lock a fence insert waits for, so ``longest_batch`` leaves it out
+    dropping: float = 0.0
 
     @property
     def ran(self) -> bool:
@@ -100,11 +106,13 @@ async def cleanup_fences(
     if not await lease.acquire():
         return CleanupResult(0, 0, 0.0, 0.0, busy=await lease.current_holder() or "?")
     deleted = batches = days = 0
-    longest = 0.0
+    longest = dropping = 0.0
     caught_up = False
     try:
         if db.dialect == "postgresql":
-            days, deleted, longest = await _drop_days(db, lease, now=params["now"], min_age=min_age)
+            days, deleted, longest, dropping = await _drop_days(
+                db, lease, now=params["now"], min_age=min_age
+            )
         while max_batches is None or batches < max_batches:
             opened = time.monotonic()
             async with db.transaction() as tx:
@@ -134,41 +142,48 @@ async def cleanup_fences(
                 "seconds": round(seconds, 3),
             },
         )
-    return CleanupResult(deleted, batches, seconds, longest, caught_up=caught_up, days=days)
+    return CleanupResult(
+        deleted, batches, seconds, longest, caught_up=caught_up, days=days, dropping=dropping
+    )
 
 
 async def _drop_days(
     db: Database, lease: Lease, *, now: object, min_age: timedelta
-) -> tuple[int, int, float]:
-    """Drop the day partitions that are due, each in its own transaction under the lease:
-    (days, their fences, the longest transaction). A day whose locks were not free within a
-    second stays for the next round."""
-    days = fences = 0
-    longest = 0.0
-    while True:
+) -> tuple[int, int, float, float]:
+    """Detach the day partitions that are due, all in one short transaction under the lease,
+    then drop them (and any a stopped cleaner left detached) in a second one, which holds
+    nothing the workers need while their files are removed: (days, their fences, the
+    detaching transaction's seconds, the dropping one's). Days whose locks were not free
+    within a second stay for the next round."""
+    days: list[Dropped] = []
+    held = dropping = 0.0
+    try:
         opened = time.monotonic()
-        try:
-            async with db.transaction() as tx:
-                if not await lease.renew(tx):
-                    log.warning("fence cleanup lost its lease; stopping")
-                    break
-                dropped = await drop_day(tx, now=now, min_age=min_age)
-        except Exception as exc:
-            if not busy(exc):
-                raise
-            log.info("an expired fence partition stays until the next round: %s", exc)
-            break
-        longest = max(longest, time.monotonic() - opened)
-        if dropped is None:
-            break
-        days += 1
-        fences += dropped.fences
-        FENCES_DELETED.inc(dropped.fences)
+        async with db.transaction() as tx:
+            if not await lease.renew(tx):
+                log.warning("fence cleanup lost its lease; stopping")
+                return 0, 0, 0.0, 0.0
+            days = await detach_days(tx, now=now, min_age=min_age)
+        held = time.monotonic() - opened
+        opened = time.monotonic()
+        async with db.transaction() as tx:
+            if not await lease.renew(tx):
+                log.warning("fence cleanup lost its lease; stopping")
+            else:
+                await purge(tx)
+        dropping = time.monotonic() - opened
+    except Exception as exc:
+        if not busy(exc):
+            raise
+        log.info("expired fence partitions stay until the next round: %s", exc)
+    fences = sum(d.fences for d in days)
+    FENCES_DELETED.inc(fences)
+    for day in days:
         log.info(
             "expired fence partition dropped",
-            extra={"partition": dropped.name, "fences": dropped.fences, "kept": dropped.kept},
+            extra={"partition": day.name, "fences": day.fences, "kept": day.kept},
         )
-    return days, fences, longest
+    return len(days), fences, held, dropping
 
 
 async def _delete_batch(db: Database, tx: Tx, params: dict[str, object]) -> int:
@@ -178,6 +193,26 @@ async def _delete_batch(db: Database, tx: Tx, params: dict[str, object]) -> int:
             params["after"] = rows[0]["last"]
         return int(rows[0]["deleted"])
     return int((await tx.q("changes"))[0]["changed"])
+
+
+async def expire_letters(db: Database, *, batch: int = DEFAULT_BATCH) -> int:
+    """Remove the decided dead letters past the retention the database's owner set (docs/
+    dead-letters.md; none set: none), ``batch`` per transaction, until none is left; how
+    many went. Letters pending review are never removed. 0 on SQLite, which keeps every
+    letter."""
+    if db.dialect != "postgresql":
+        return 0
+    total = 0
+    while True:
+        async with db.transaction() as tx:
+            rows = await tx.q("dead_letters_expire", {"batch": batch})
+        count = int(rows[0]["expired"])
+        total += count
+        if count < batch:
+            break
+    if total:
+        log.info("decided dead letters past their retention removed", extra={"letters": total})
+    return total
 
 
 async def cleanup_loop(
@@ -199,6 +234,8 @@ async def cleanup_loop(
                 log.debug("another cleaner is running", extra={"holder": result.busy})
             elif result.caught_up:
                 CLEANUP_SUCCEEDED.set_to_current_time()
+            if not result.busy:  # this round ran (no other cleaner held the lease)
+                await expire_letters(db, batch=batch)
         except Exception:
             CLEANUP_FAILURES.inc()
             log.exception("fence cleanup failed; trying again next round")

@@ -5,9 +5,11 @@ fences arrive, and an expired day goes whole.
 default partition (``9_fence_partitions.sql``). A worker's maintenance creates the days that
 new fences will expire on (:func:`add_days`, from the fence TTL, a day before to two days
 after) every round; a fence whose day does not exist yet lands in the default partition, so
-an insert never fails. Cleanup (:mod:`jobfence.runtime.cleanup`) drops a day once every fence in it
-expired more than ``min_age`` ago (:func:`drop_day`), after moving out the fences SPEC T2
-keeps, and deletes the default partition's expired fences in batches.
+an insert never fails. Cleanup (:mod:`jobfence.runtime.cleanup`) detaches every day whose fences
+all expired more than ``min_age`` ago (:func:`detach_days`, after moving out the fences SPEC
+T2 keeps: milliseconds under the table's lock), drops the detached tables in a transaction of
+their own (:func:`purge`: removing the files is what takes time, and it holds nothing a fence
+insert needs), and deletes the default partition's expired fences in batches.
 
 Both take their locks for at most one second (``lock_timeout``): a day that could not be
 created or dropped now is tried again at the next round (its fences wait in the default
@@ -60,15 +62,19 @@ class Dropped:
     kept: int  # fences moved out first (SPEC T2)
 
 
-async def drop_day(tx: Tx, *, now: object, min_age: timedelta) -> Dropped | None:
-    """Drop the oldest day partition due (every fence in it expired ``min_age`` before
-    ``now``, a database time or None for the database's clock), inside the caller's
-    transaction; None when none is due."""
-    rows = await tx.q("fence_partition_drop", {"now": now, "min_age": min_age.total_seconds()})
-    if not rows:
-        return None
-    row = rows[0]
-    return Dropped(str(row["dropped"]), int(row["fences"]), int(row["kept"]))
+async def detach_days(tx: Tx, *, now: object, min_age: timedelta) -> list[Dropped]:
+    """Detach every day partition due (every fence in it expired ``min_age`` before ``now``,
+    a database time or None for the database's clock), inside the caller's transaction, which
+    then holds the fence table for milliseconds: the files go in :func:`purge`'s, later."""
+    rows = await tx.q("fence_partitions_detach", {"now": now, "min_age": min_age.total_seconds()})
+    return [Dropped(str(r["detached"]), int(r["fences"]), int(r["kept"])) for r in rows]
+
+
+async def purge(tx: Tx) -> int:
+    """Drop the detached day partitions (their files are removed when ``tx`` commits, without
+    holding anything a fence insert needs); how many."""
+    rows = await tx.q("fence_partitions_purge")
+    return int(rows[0]["dropped"])
 
 
 def busy(exc: BaseException) -> bool:

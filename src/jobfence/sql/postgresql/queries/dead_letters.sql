@@ -141,3 +141,8 @@ SELECT queue, error_category AS category, count(*) AS letters
 FROM core.dead_letters
 WHERE status = 'pending_review'
 GROUP BY queue, error_category
+
+-- name: dead_letters_expire
+-- Up to batch decided letters past the retention the owner set (none set: none), with their
+-- replay items; never a letter pending review (9_letters_retention.sql).
+SELECT core.dead_letters_expire(%(batch)s) AS expired

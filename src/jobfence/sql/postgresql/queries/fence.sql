@@ -54,14 +54,18 @@ SELECT core.fence_commit(%(jobfence_tx)s); COMMIT
 -- The day partitions from first to last (UTC days) that do not exist yet (cleanup.py).
 SELECT core.fence_partitions_add(%(first)s::date, %(last)s::date) AS made
 
--- name: fence_partition_drop
--- The oldest day partition that expired min_age ago, dropped whole (the fences cleanup keeps
--- moved out first); no row when none is due.
-SELECT dropped, fences, kept
-FROM core.fence_partition_drop(coalesce(%(now)s::timestamptz, now()), %(min_age)s)
+-- name: fence_partitions_detach
+-- Every day partition that expired min_age ago, detached (the fences cleanup keeps moved out
+-- first), one row each; dropped by fence_partitions_purge in the next transaction.
+SELECT detached, fences, kept
+FROM core.fence_partitions_detach(coalesce(%(now)s::timestamptz, now()), %(min_age)s)
+
+-- name: fence_partitions_purge
+-- The detached days dropped (their files go at this transaction's commit).
+SELECT core.fence_partitions_purge() AS dropped
 
 -- name: cleanup_fences
--- The default partition's expired fences (the day partitions go whole: fence_partition_drop),
+-- The default partition's expired fences (the day partitions go whole: fence_partitions_detach),
 -- oldest first, except: younger than min_age (a retry window), of a job_id
 -- with a letter pending review or replayed within min_age, or of a job still retrying here.
 -- The DELETE finds the locked rows by ctid (a TID scan; ctid is unique within one partition):
@@ -102,7 +106,8 @@ SELECT EXISTS (SELECT 1 FROM core.processed_jobs_default
        OR EXISTS (SELECT 1 FROM core.fence_partitions() AS p
                   WHERE NOT p.is_default
                     AND p.upper_bound <= coalesce(%(now)s::timestamptz, now())
-                                         - make_interval(secs => %(min_age)s)) AS due
+                                         - make_interval(secs => %(min_age)s))
+       OR EXISTS (SELECT 1 FROM core.fence_partitions_detached()) AS due
 
 -- name: fence_find
 -- The fence rows of one job_id among the given consumers (a job looked up by its job_id
