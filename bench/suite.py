@@ -37,6 +37,7 @@ from measure import (
     effects_progress,
     fresh_database,
     median,
+    python_for,
     run_json,
     scalar,
     spread,
@@ -419,6 +420,7 @@ WORKLOADS = {
     "queues": "one worker on 100 queues vs 1 queue, the same 60 000 jobs (--queues-jobs)",
     "processes": "1, 2 and 4 worker processes on one queue: rate, CPU, where it saturates",
     # -- end of growth
+    "flow": "flow control (issue 26): CPU per job with a Limit vs without; a saturated rate",
 }
 
 
@@ -443,6 +445,7 @@ ROW_PREFIXES = {
     "queues": ("queues",),
     "processes": ("processes",),
     # -- end of growth
+    "flow": ("flow control",),
 }
 
 
@@ -642,6 +645,8 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
 
         run_growth(args, only, results, step)
     # -- end of growth
+    if "flow" in only:
+        flow_control(args, results, step)
     if "transports" in only:
         from transports_bench import transports
 
@@ -649,6 +654,83 @@ def run_suite(args: argparse.Namespace, results: Results) -> None:
             for label, d in transports(max(200, int(args.transport_jobs * scale))):
                 results.add_drain("transports (durable)", label, d)
                 step(f"transports {i + 1}/{args.repeat} {label}: {d.jobs_per_s:,.0f} jobs/s")
+
+
+#: jobs per drain of the flow-control cost workload at scale 1
+FLOW_JOBS = 20_000
+#: the saturated rate limit of the flow-control workload: RATE starts per RATE_PER seconds
+FLOW_RATE, FLOW_RATE_PER = 400, 2.0
+FLOW_CPU = "flow control CPU/job"
+FLOW_RATE_ROW = "flow control: saturated rate"
+
+
+def flow_control(args: argparse.Namespace, results: Results, step: Callable[[str], None]) -> None:
+    """bench/flow_bench.py under the project's interpreter (it imports jobfence): pairs of
+    drains with a Limit that is never reached and without one, and a saturated rate."""
+    jobs = max(2000, int(FLOW_JOBS * args.scale))
+    script = str(Path(__file__).resolve().parent / "flow_bench.py")
+    python = python_for("jobfence")
+    for i in range(args.repeat):
+        cost = run_json(
+            [python, script, "cost", "--jobs", str(jobs), "--repeat", "1"], timeout=1800
+        )
+        results.row(
+            FLOW_CPU,
+            "jobfence, a Limit not reached",
+            "ms/job",
+            higher_is_better=False,
+            baseline="jobfence, no Limit",
+        ).values.append(cost["limited_cpu_ms"])
+        results.row(FLOW_CPU, "jobfence, no Limit", "ms/job", higher_is_better=False).values.append(
+            cost["plain_cpu_ms"]
+        )
+        rate = run_json(
+            [
+                python,
+                script,
+                "rate",
+                "--rate",
+                str(FLOW_RATE),
+                "--per",
+                str(FLOW_RATE_PER),
+                "--repeat",
+                "1",
+            ],
+            timeout=1800,
+        )
+        results.row(
+            FLOW_RATE_ROW,
+            f"starts/s at Rate({FLOW_RATE}, per={FLOW_RATE_PER:g} s)",
+            "starts/s",
+            baseline="configured",
+        ).values.append(rate["achieved"])
+        results.row(FLOW_RATE_ROW, "configured", "starts/s").values.append(rate["configured"])
+        step(
+            f"flow {i + 1}/{args.repeat}: CPU/job {cost['limited_cpu_ms']:.3f} ms with a Limit, "
+            f"{cost['plain_cpu_ms']:.3f} ms without; saturated rate {rate['achieved']:.1f}/s "
+            f"of {rate['configured']:.1f}/s"
+        )
+
+
+def flow_targets(results: Results, verdict: Callable[[bool], str]) -> list[tuple[str, str, str]]:
+    out: list[tuple[str, str, str]] = []
+    limited = results.get(FLOW_CPU, "jobfence, a Limit not reached")
+    plain = results.get(FLOW_CPU, "jobfence, no Limit")
+    if limited and plain:
+        cost = limited.median / plain.median - 1
+        out.append(("a Limit costs <= 10 % CPU/job", f"{cost:+.1%}", verdict(cost <= 0.10)))
+    achieved = results.best(FLOW_RATE_ROW, "starts/s")
+    configured = results.get(FLOW_RATE_ROW, "configured")
+    if achieved and configured:
+        off = achieved.median / configured.median - 1
+        out.append(
+            (
+                "saturated rate within 2 % of the configured",
+                f"{off:+.2%}",
+                verdict(abs(off) <= 0.02),
+            )
+        )
+    return out
 
 
 #: paired runs of the fence-cost workload (at least): with 15 pairs the distribution-free 95 %
@@ -898,6 +980,7 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
 
     out += worker_growth_targets(results, verdict)
     out += table_growth_targets(results, verdict)
+    out += flow_targets(results, verdict)
     noop = results.get("noop", JOBFENCE.label)
     best_pgq = results.best("noop", "PGQueuer")
     if noop and best_pgq:

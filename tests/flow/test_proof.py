@@ -154,10 +154,11 @@ async def test_concurrency_per_partner_holds_across_worker_processes(
     partners = ("acme", "globex", "initech")
     jobs = [(f"{p}-{i}", {"partner_id": p, "seconds": 0.1}) for i in range(20) for p in partners]
     await _prepare(url, [])
-    # 2 slots a worker, one job a transaction: the 6 slots of the 3 partners need every
+    # 2 slots a worker, one job a transaction, no prefetch (a claimed job holds its key's
+    # slot while it waits in its worker's buffer): the 6 slots of the 3 partners need every
     # worker, so each one takes part, and a key's room is contended by all of them
     env = _env(url, tmp_path, concurrency=2)
-    procs = _workers(workers, env, tmp_path, "--batch-size", "1", slots=2)
+    procs = _workers(workers, env, tmp_path, "--batch-size", "1", "--prefetch", "0", slots=2)
     try:
         await _enqueue(url, jobs)
         await eventually(lambda: _count(url), timeout=30, what="a first run")
@@ -221,7 +222,10 @@ async def test_the_rate_per_partner_holds_in_every_window_across_worker_processe
     partners = ("acme", "globex")
     jobs = [(f"{p}-{i}", {"partner_id": p}) for i in range(15) for p in partners]
     await _prepare(url, [])
-    procs = _workers(3, _env(url, tmp_path, rate=rate, per=per), tmp_path, "--batch-size", "1")
+    # no prefetch: a job claimed (its start counted) then kept in a buffer would start late,
+    # next to the following window's jobs
+    args = ("--batch-size", "1", "--prefetch", "0")
+    procs = _workers(3, _env(url, tmp_path, rate=rate, per=per), tmp_path, *args)
     try:
         await _enqueue(url, jobs)
         await eventually(

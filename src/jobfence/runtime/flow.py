@@ -106,10 +106,11 @@ async def lock(tx: Tx, queue: str) -> None:
         await tx.q("flow_lock", {"queue": queue})
 
 
-async def record_starts(tx: Tx, db: Database, queue: str, keys: Sequence[str]) -> None:
-    """One start per entry of ``keys`` (in ``tx``, under the queue's flow lock)."""
+async def record_starts(tx: Tx, db: Database, queue: str, keys: Sequence[str], at: Any) -> None:
+    """One start per entry of ``keys`` at ``at`` (the database clock's time the window was
+    counted; in ``tx``, under the queue's flow lock)."""
     if keys:
-        await tx.q("flow_record_starts", {"queue": queue, "keys": db.array(keys)})
+        await tx.q("flow_record_starts", {"queue": queue, "keys": db.array(keys), "at": at})
 
 
 def _seconds(value: Any) -> float | None:
@@ -194,7 +195,7 @@ class FlowControl:
                 )
                 slot = int(taken[0]["id"])
             if limit.rate is not None:
-                await record_starts(tx, self.db, queue, [key])
+                await record_starts(tx, self.db, queue, [key], state["now"])
             return Admitted(slot)
 
     async def release(self, slot: int | None) -> None:

@@ -318,10 +318,6 @@ class Worker:
                 per_slot = harness.batch_limit(self.batch_size)
                 free = (self.concurrency - len(self._inflight)) * per_slot
                 prefetch = self.concurrency * per_slot if self.prefetch is None else self.prefetch
-                if self.flow is not None and self.prefetch is None:
-                    # a claimed job holds its key's slot and has used its start of the rate
-                    # while it waits in the buffer: with limits, claim for free slots only
-                    prefetch = 0
                 await self._key_jobs()
                 self._buffer.extend(await self._fetch(free + prefetch))
             except Exception:
@@ -402,10 +398,14 @@ class Worker:
             # a waiting fetch looked for the next due job before this retry was written:
             # wake it, so that it reads the retry's due time instead of sleeping a full poll
             self.runtime.transport.wake()
-        elif self.flow is not None and batch and any(d.queue in self.flow.limits for d in batch):
-            # a limited queue's job ended: its key has room again (a waiting fetch may wait
-            # for a lease's end, the latest that room comes back)
+        elif self.flow is not None and batch and any(self._frees_slot(d) for d in batch):
+            # a job of a queue with a concurrency limit ended: its key has room again (a
+            # waiting fetch may wait for a lease's end, the latest that room comes back)
             self.runtime.transport.wake()
+
+    def _frees_slot(self, delivery: Delivery) -> bool:
+        limit = self.flow.limits.get(delivery.queue) if self.flow is not None else None
+        return limit is not None and limit.concurrency is not None
 
     async def _give_back(self, delivery: Delivery) -> None:
         try:

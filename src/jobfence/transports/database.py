@@ -243,8 +243,12 @@ class DatabaseQueue(Transport):
                 },
             )
             if rows and rate is not None:
+                # at the time the claim counted the window (the earliest of its rows' clock
+                # on SQLite): a claim's own duration never shifts the next window
                 keys = [row["flow_key"] for row in rows]
-                await tx.q("flow_record_starts", {"queue": queue, "keys": self.db.array(keys)})
+                at = min(row["claimed_at"] for row in rows)
+                params = {"queue": queue, "keys": self.db.array(keys), "at": at}
+                await tx.q("flow_record_starts", params)
         return self._deliveries(rows)
 
     async def _claim_plain(self, queues: Sequence[str], limit: int) -> list[Delivery]:

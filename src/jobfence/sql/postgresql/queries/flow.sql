@@ -26,7 +26,8 @@ SELECT
     (SELECT extract(epoch FROM min(f.started_at) + make_interval(secs => %(per)s) - c.now)::float8
      FROM core.flow_starts AS f
      WHERE f.queue = %(queue)s AND f.key = %(key)s
-       AND f.started_at > c.now - make_interval(secs => %(per)s)) AS start_free_in
+       AND f.started_at > c.now - make_interval(secs => %(per)s)) AS start_free_in,
+    c.now
 FROM clock AS c
 
 -- name: flow_take_slot
@@ -43,10 +44,11 @@ UPDATE core.flow_slots SET expires_at = clock_timestamp() + make_interval(secs =
 WHERE id = ANY(%(ids)s::bigint[]) AND expires_at > clock_timestamp()
 
 -- name: flow_record_starts
--- A start per key given (a key twice: two starts), at the database clock's time; recorded in
--- the transaction that admitted or claimed them, under flow_lock.
+-- A start per key given (a key twice: two starts) at `at`, the database clock's time when
+-- the admission or the claim counted the window; recorded in its transaction, under
+-- flow_lock (so the next one's `at` is later).
 INSERT INTO core.flow_starts (queue, key, started_at)
-SELECT %(queue)s, k.key, clock_timestamp() FROM unnest(%(keys)s::text[]) AS k(key)
+SELECT %(queue)s, k.key, %(at)s::timestamptz FROM unnest(%(keys)s::text[]) AS k(key)
 
 -- name: flow_hold
 -- Hold a key: a back-off until now + seconds (a longer one already there stays), or a pause

@@ -44,7 +44,8 @@ RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
 -- not held and have room, at most room per key (concurrency: running jobs; rate: starts in
 -- the window of `per` that ends now, in core.flow_starts), the oldest first. Saturated keys are filtered
 -- out before the LIMIT of the scan, so their jobs never stand in front of other keys'. The
--- caller records the starts (flow_record_starts) in the same transaction.
+-- caller records the starts at claimed_at, the time the window was counted
+-- (flow_record_starts), in the same transaction.
 WITH clock AS (SELECT clock_timestamp() AS now),
 busy AS (
     SELECT j.flow_key AS key, count(*) AS n
@@ -95,7 +96,8 @@ UPDATE core.jobs AS j SET
     worker_id = %(worker_id)s
 WHERE j.id = ANY(ARRAY(SELECT p.id FROM picked AS p)) AND j.state = 'available'
 RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
-          j.enqueued_at, j.lease_token, j.history, j.trace_context, j.flow_key
+          j.enqueued_at, j.lease_token, j.history, j.trace_context, j.flow_key,
+          (SELECT c.now FROM clock AS c) AS claimed_at
 
 -- name: flow_reap
 -- First in a limited claim's transaction: the queue's running jobs whose lease ran out and

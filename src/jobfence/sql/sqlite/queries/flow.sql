@@ -18,7 +18,8 @@ SELECT
     (SELECT count(*) FROM core_flow_starts AS f
      WHERE f.queue = :queue AND f.key = :key AND f.started_at > {NOW} - :per) AS starts,
     (SELECT min(f.started_at) + :per - {NOW} FROM core_flow_starts AS f
-     WHERE f.queue = :queue AND f.key = :key AND f.started_at > {NOW} - :per) AS start_free_in
+     WHERE f.queue = :queue AND f.key = :key AND f.started_at > {NOW} - :per) AS start_free_in,
+    {NOW} AS now
 
 -- name: flow_take_slot
 INSERT INTO core_flow_slots (queue, key, job_id, holder, taken_at, expires_at)
@@ -33,10 +34,11 @@ UPDATE core_flow_slots SET expires_at = {NOW} + :lease
 WHERE id IN (SELECT value FROM json_each(:ids)) AND expires_at > {NOW}
 
 -- name: flow_record_starts
--- A start per key given (a key twice: two starts), at the database clock's time; recorded in
--- the transaction that admitted or claimed them.
+-- A start per key given (a key twice: two starts) at `at`, the database clock's time when
+-- the admission or the claim counted the window; recorded in its transaction (SQLite's one
+-- writer: the next one's `at` is later).
 INSERT INTO core_flow_starts (queue, key, started_at)
-SELECT :queue, k.value, {NOW} FROM json_each(:keys) AS k
+SELECT :queue, k.value, :at FROM json_each(:keys) AS k
 
 -- name: flow_hold
 -- Hold a key: a back-off until now + seconds (a longer one already there stays), or a pause

@@ -76,7 +76,7 @@ UPDATE core_jobs SET
     worker_id = :worker_id
 WHERE id IN (SELECT id FROM picked) AND state = 'available'
 RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lease_token,
-          history, trace_context, flow_key
+          history, trace_context, flow_key, {NOW} AS claimed_at
 
 -- name: flow_reap
 -- First in a limited claim's transaction: the queue's running jobs whose lease ran out (their
