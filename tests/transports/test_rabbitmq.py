@@ -10,7 +10,7 @@ from jobfence import Job, RetryPolicy, Tx
 from jobfence.core.jobs import Delivery
 from jobfence.review import deadletters
 from jobfence.review.letters import get_letter
-from jobfence.transports.rabbitmq import RabbitMQTransport, delay_bucket
+from jobfence.transports.rabbitmq import RabbitMQTransport, defer_bucket, delay_bucket
 
 from ..contract.support import Target, remaining, with_option
 from ..helpers import RunningWorker, eventually
@@ -95,3 +95,18 @@ async def test_a_message_past_the_delivery_limit_ends_in_dead_letters(rabbitmq: 
 
 async def _empty(target: Target) -> bool:
     return await remaining(target) == 0
+
+
+def test_deferral_delays_use_few_buckets_and_never_run_early() -> None:
+    """A deferral's delay is rounded up to every 4th delay bucket: never shorter, at most
+    2^(1/4) (≈ 19 %) + 3 ms longer, always one of the retries' buckets, and 4 per doubling:
+    delays from 10 ms to 10 s (what flow control asks for) use at most 41 delay queues."""
+    delays = [0.001 * 1.003**k for k in range(2400)]  # 1 ms … ~1.3 min
+    retry_buckets = {math.ceil(2 ** (step / 16)) for step in range(16 * 17)}
+    for delay in delays:
+        ms = defer_bucket(delay)
+        assert delay * 1000 <= ms <= delay * 1000 * 2 ** (1 / 4) + 3, (delay, ms)
+        assert ms in retry_buckets, (delay, ms)
+    used = {defer_bucket(d) for d in delays if 0.01 <= d <= 10}
+    assert len(used) <= 41, len(used)
+    assert defer_bucket(0) == 0

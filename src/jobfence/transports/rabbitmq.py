@@ -61,6 +61,9 @@ from ._broker import Meta, Options, deferred_history, retry_record
 log = logging.getLogger("jobfence.transport.rabbitmq")
 
 DELAY_STEPS_PER_DOUBLING = 16
+#: flow control's deferrals use every 4th delay bucket only (4 per doubling, at most 19 %
+#: late): their delays vary far more than a retry policy's, and each bucket is a quorum queue
+DEFER_STEP = 4
 PUBLISH_BATCH = 500
 MiB = 1024 * 1024
 
@@ -101,6 +104,23 @@ def delay_bucket(seconds: float) -> int:
         step += 1
     while step > 0 and _bucket(step - 1) >= needed:
         step -= 1
+    return _bucket(step)
+
+
+def defer_bucket(seconds: float) -> int:
+    """The TTL in ms of the delay queue a deferral of ``seconds`` waits in (0: none):
+    :func:`delay_bucket` rounded *up* to every :data:`DEFER_STEP`-th bucket (never early, at
+    most 2^(1/4) ≈ 19 % + 3 ms late), so the delay queues deferrals create stay few: 4 per
+    doubling of the delays used, each one of the retries' buckets."""
+    ms = delay_bucket(seconds)
+    if ms == 0:
+        return 0
+    step = math.ceil(math.log2(ms) * DELAY_STEPS_PER_DOUBLING)
+    while _bucket(step) < ms:
+        step += 1
+    while step > 0 and _bucket(step - 1) >= ms:
+        step -= 1
+    step = -(-step // DEFER_STEP) * DEFER_STEP
     return _bucket(step)
 
 
@@ -316,10 +336,15 @@ class RabbitMQTransport(Transport):
         for name, arguments in self.arguments(queue).items():
             await self._declare(name, arguments)
 
-    async def _route(self, queue: str, delay: float, priority: int = 0) -> str:
+    async def _route(
+        self, queue: str, delay: float, priority: int = 0, *, ms: int | None = None
+    ) -> str:
+        """The queue to publish a job of ``queue`` and ``priority`` due after ``delay``
+        seconds to (or after ``ms``, a delay bucket already chosen)."""
         await self.declare(queue)
         target = lane_name(queue, min(priority, self.max_priority))
-        ms = delay_bucket(delay)
+        if ms is None:
+            ms = delay_bucket(delay)
         if ms == 0:
             return target
         name = delay_name(target, ms)
@@ -503,12 +528,13 @@ class RabbitMQTransport(Transport):
         await self._republish(delivery, attempts=attempts, delay=0.0)
 
     async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
-        """A refunded copy through the delay bucket for ``delay`` (confirmed), then the old
-        message acked: a new message, so its ``x-delivery-count`` starts again and no number
-        of deferrals reaches the delivery limit."""
+        """A refunded copy through the delay bucket for ``delay`` (confirmed; a coarser grid
+        than retries', see :func:`defer_delay`), then the old message acked: a new message,
+        so its ``x-delivery-count`` starts again and no number of deferrals reaches the
+        delivery limit."""
         history = deferred_history(delivery, delay, note)
         meta = Meta.again(delivery, attempts=delivery.attempt - 1, history=history)
-        route = await self._route(delivery.queue, delay.total_seconds())
+        route = await self._route(delivery.queue, 0, ms=defer_bucket(delay.total_seconds()))
         await self._send(route, delivery.payload, meta)
         await self._settle(delivery, ack=True)
 
