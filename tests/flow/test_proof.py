@@ -199,7 +199,10 @@ async def test_concurrency_per_partner_holds_across_sqlite_worker_processes(
         times = [float(at) for key, at in starts if key == partner]
         assert len(times) == 15
         assert _most_in_window(times, 1.0) == 10
-    assert len({r[3] for r in runs}) == 2
+    # not asserted here: that both processes ran jobs. SQLite has one writer, and which of
+    # two waiting workers wins its lock when a key has room again is the scheduler's choice
+    # (under load one worker won every time); the PostgreSQL proof above asserts that every
+    # worker process took part.
     assert {r[2] for r in runs} == {1}
 
 

@@ -201,7 +201,7 @@ async def test_bulk_replay_preview_confirm_done(console: Console) -> None:
     assert await letters.locator("td.mono").all_inner_texts() == [f"b-{i}" for i in range(7)]
     links = await letters.locator("a").evaluate_all("els => els.map(e => e.textContent)")
     assert links == [str(i) for i in ids[:7]]
-    await expect(page.locator("nav a")).to_have_count(8)  # the navigation is intact too
+    await expect(page.locator("nav a")).to_have_count(9)  # the navigation is intact too
     await console.shot(page, "bulk-replay-preview")
     assert await scalar(url, "SELECT count(*) FROM core.jobs") == 0
     await page.fill("input[name=rate]", "4")  # slow enough to watch it run

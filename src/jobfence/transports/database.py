@@ -135,6 +135,40 @@ def enqueue_sync(conn: Any, jobs: Sequence[OutgoingJob], dialect: Dialect, schem
     adopted.run_many("enqueue", [job.params() for job in jobs])
 
 
+async def _write_back(
+    tx: Tx,
+    delivery: Delivery,
+    attempts: int,
+    delay: timedelta,
+    category: str,
+    error: str,
+    trace: str | None,
+) -> None:
+    """Write ``delivery``'s row again in ``tx`` (its row was acked in ``tx`` by a group
+    commit), due after ``delay``, with ``attempts`` used and an entry for this attempt in its
+    history: every column the job had — priority and flow key included — goes back with it."""
+    await tx.q(
+        "requeue",
+        {
+            "queue": delivery.queue,
+            "job_id": delivery.job_id,
+            "correlation_id": delivery.correlation_id,
+            "payload": delivery.payload,
+            "attempts": attempts,
+            "delay": delay.total_seconds(),
+            "enqueued_at": delivery.enqueued_at,
+            "history": history_json(delivery.history),
+            "partner": partner_of(delivery.payload),
+            "trace_context": delivery.trace_context,
+            "priority": delivery.priority,
+            "category": category,
+            "error": error,
+            "trace": trace,
+            "flow_key": delivery.flow_key,
+        },
+    )
+
+
 class DatabaseQueue(Transport):
     """Jobs as rows of ``core.jobs`` in the given database."""
 
@@ -403,26 +437,7 @@ class DatabaseQueue(Transport):
         """:meth:`retry` for a delivery whose queue row was already acked in ``tx`` (group
         commit): the row is written again, scheduled, with this attempt in its history, in
         the caller's transaction."""
-        await tx.q(
-            "requeue",
-            {
-                "queue": delivery.queue,
-                "job_id": delivery.job_id,
-                "correlation_id": delivery.correlation_id,
-                "payload": delivery.payload,
-                "attempts": delivery.attempt,
-                "delay": delay.total_seconds(),
-                "enqueued_at": delivery.enqueued_at,
-                "history": history_json(delivery.history),
-                "partner": partner_of(delivery.payload),
-                "trace_context": delivery.trace_context,
-                "priority": delivery.priority,
-                "category": category.value,
-                "error": error,
-                "trace": trace,
-                "flow_key": delivery.flow_key,
-            },
-        )
+        await _write_back(tx, delivery, delivery.attempt, delay, category.value, error, trace)
 
     async def defer(self, delivery: Delivery, delay: timedelta, *, note: str | None = None) -> None:
         await self.db.run(
@@ -433,25 +448,7 @@ class DatabaseQueue(Transport):
     async def defer_tx(self, tx: Tx, delivery: Delivery, delay: timedelta, note: str) -> None:
         """:meth:`defer` for a delivery already acked in ``tx`` (group commit): its row is
         written again, scheduled, the attempt refunded, the deferral in its history."""
-        await tx.q(
-            "requeue",
-            {
-                "queue": delivery.queue,
-                "job_id": delivery.job_id,
-                "correlation_id": delivery.correlation_id,
-                "payload": delivery.payload,
-                "attempts": max(delivery.attempt - 1, 0),
-                "delay": delay.total_seconds(),
-                "enqueued_at": delivery.enqueued_at,
-                "history": history_json(delivery.history),
-                "partner": partner_of(delivery.payload),
-                "trace_context": delivery.trace_context,
-                "category": DEFERRED,
-                "error": note,
-                "trace": None,
-                "flow_key": delivery.flow_key,
-            },
-        )
+        await _write_back(tx, delivery, max(delivery.attempt - 1, 0), delay, DEFERRED, note, None)
 
     async def release(self, delivery: Delivery, *, attempted: bool) -> None:
         await self.db.run("release", {**self._ref(delivery), "refund": 0 if attempted else 1})
