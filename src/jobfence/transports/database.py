@@ -50,6 +50,8 @@ PER_QUEUE_MIN = 50
 #: queue fills this claim with less, and the next one skips it (saturated)
 FLOW_SCAN_FACTOR = 4
 FLOW_SCAN_MIN = 200
+#: a limited claim hands back every expired job of its queue (no batch bound)
+REAP_ALL = 2**31 - 1
 
 
 def per_queue_limit(limit: int, queues: int) -> int:
@@ -272,7 +274,7 @@ class DatabaseQueue(Transport):
         async with self.db.transaction() as tx:
             if tx.dialect == "postgresql":
                 await tx.q("flow_lock", {"queue": queue})
-            await tx.q("flow_reap", {"queue": queue})
+            await tx.q("reap_expired", {"queue": queue, "limit": REAP_ALL})
             rows = await tx.q(
                 "flow_claim",
                 {
@@ -465,7 +467,7 @@ class DatabaseQueue(Transport):
         await self.db.run("extend_leases", params)
 
     async def maintenance(self) -> None:
-        rows = await self.db.run("reap_expired", {"limit": 1000})
+        rows = await self.db.run("reap_expired", {"queue": None, "limit": 1000})
         if rows:
             queues = sorted({row["queue"] for row in rows})
             log.warning(

@@ -78,7 +78,7 @@ RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
 
 -- name: flow_claim
 -- The claim of one queue with a Limit (jobfence.runtime.flow), under the queue's flow lock
--- (flow_lock, taken first in the same transaction, then flow_reap): due jobs of keys that are
+-- (flow_lock, taken first in the same transaction, then reap_expired for the queue): due jobs of keys that are
 -- not held and have room, at most room per key (concurrency: running jobs; rate: starts in
 -- the window of `per` that ends now, in core.flow_starts), the oldest first. Saturated keys are filtered
 -- out before the LIMIT of the scan, so their jobs never stand in front of other keys'. The
@@ -136,32 +136,6 @@ WHERE j.id = ANY(ARRAY(SELECT p.id FROM picked AS p)) AND j.state = 'available'
 RETURNING j.id, j.queue, j.job_id, j.correlation_id, j.payload, j.attempts,
           j.enqueued_at, j.lease_token, j.history, j.trace_context, j.flow_key,
           j.priority, (SELECT c.now FROM clock AS c) AS claimed_at
-
--- name: flow_reap
--- First in a limited claim's transaction: the queue's running jobs whose lease ran out and
--- that no work transaction holds (their worker was killed or lost) go back to available, so
--- their slots are free again the moment their lease ends (a job working past its lease
--- holds its row locked: skipped, still counted).
-WITH expired AS (
-    SELECT id FROM core.jobs
-    WHERE state = 'running' AND queue = %(queue)s AND lease_expires_at < now()
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE core.jobs AS j SET
-    state = 'available',
-    run_at = now(),
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    history = j.history || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempts,
-        'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'category', 'TECHNICAL_ERROR',
-        'error', 'lease expired: the worker ' || coalesce(j.worker_id, '?')
-                 || ' stopped renewing it (killed or lost)')),
-    worker_id = NULL
-FROM expired AS e
-WHERE j.id = e.id
-RETURNING j.id
 
 -- name: flow_next_run
 -- When a limited queue can next give a job, in seconds from now (NULL: no keyed job waits;
@@ -228,9 +202,15 @@ CROSS JOIN LATERAL (
 ) AS n
 
 -- name: reap_expired
+-- Running jobs whose lease ran out and that no work transaction holds (their worker was
+-- killed or lost) go back to available, the lost delivery in their history: at most `limit`,
+-- of every queue (maintenance) or of `queue` alone (first in a limited claim's transaction,
+-- so a dead worker's slots are free the moment its lease ends; a job working past its lease
+-- holds its row locked: skipped, still counted).
 WITH expired AS (
     SELECT id FROM core.jobs
     WHERE state = 'running' AND lease_expires_at < now()
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     ORDER BY lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -249,7 +229,7 @@ UPDATE core.jobs AS j SET
     worker_id = NULL
 FROM expired AS e
 WHERE j.id = e.id
-RETURNING j.queue
+RETURNING j.id, j.queue
 
 -- name: extend_leases
 UPDATE core.jobs SET lease_expires_at = now() + make_interval(secs => %(lease)s)

@@ -51,7 +51,7 @@ RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lea
 
 -- name: flow_claim
 -- The claim of one queue with a Limit (jobfence.runtime.flow); SQLite's one writer makes it,
--- flow_reap before it and the starts the caller records next (flow_record_starts) one step.
+-- reap_expired before it and the starts the caller records next (flow_record_starts) one step.
 -- Due jobs of keys that are not held and have room, at most room per key (concurrency:
 -- running jobs; rate: starts in the window of `per` that ends now), the oldest first;
 -- saturated keys are filtered out before the LIMIT of the scan.
@@ -103,25 +103,6 @@ WHERE id IN (SELECT id FROM picked) AND state = 'available'
 RETURNING id, queue, job_id, correlation_id, payload, attempts, enqueued_at, lease_token,
           history, trace_context, flow_key, priority, {NOW} AS claimed_at
 
--- name: flow_reap
--- First in a limited claim's transaction: the queue's running jobs whose lease ran out (their
--- worker was killed or lost; no job transaction is open while this one writes) go back to
--- available, so their slots are free again the moment their lease ends.
-UPDATE core_jobs SET
-    state = 'available',
-    run_at = {NOW},
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    history = json_insert(history, '$[#]', json_object(
-        'attempt', attempts,
-        'at', {NOW_ISO},
-        'category', 'TECHNICAL_ERROR',
-        'error', 'lease expired: the worker ' || coalesce(worker_id, '?')
-                 || ' stopped renewing it (killed or lost)')),
-    worker_id = NULL
-WHERE state = 'running' AND queue = :queue AND lease_expires_at < {NOW}
-RETURNING id
-
 -- name: flow_next_run
 -- When a limited queue can next give a job, in seconds from now (NULL: no keyed job waits;
 -- 1e18: only paused keys wait): per key with available jobs, the latest of its first job's
@@ -167,6 +148,9 @@ FROM core_jobs WHERE state = 'available' AND queue IN (SELECT value FROM json_ea
   AND queue NOT IN (SELECT queue FROM core_queue_pauses)
 
 -- name: reap_expired
+-- Running jobs whose lease ran out (their worker was killed or lost; no job transaction is
+-- open while this one writes) go back to available: at most `limit`, of every queue
+-- (maintenance) or of `queue` alone (first in a limited claim's transaction).
 UPDATE core_jobs SET
     state = 'available',
     run_at = {NOW},
@@ -182,10 +166,11 @@ UPDATE core_jobs SET
 WHERE id IN (
     SELECT id FROM core_jobs
     WHERE state = 'running' AND lease_expires_at < {NOW}
+      AND (:queue IS NULL OR queue = :queue)
     ORDER BY lease_expires_at
     LIMIT :limit
 )
-RETURNING queue
+RETURNING id, queue
 
 -- name: extend_leases
 UPDATE core_jobs SET lease_expires_at = {NOW} + :lease
