@@ -9,6 +9,11 @@ start and end by the database's clock. Payload ``{"partner_id": …, "seconds": 
 - ``backoff``: on its first run (no ``<job_id>.backoff`` mark yet), mark it and raise
   ``BackOff(seconds)``;
 - otherwise: sleep ``seconds`` inside the transaction.
+
+JF_MEET=N (optional): a worker's first job waits, inside its transaction, until N worker
+processes have each started one (marker ``meet.<pid>``; at most 60 s): while the first ones
+wait holding all of their slots, only a worker with a free slot can claim the rest — so
+every one of the N takes part, whatever the machine's scheduler favours.
 """
 
 from __future__ import annotations
@@ -39,11 +44,26 @@ def _limit() -> Limit:
     )
 
 
+MEET = int(os.environ.get("JF_MEET") or 0)
+
+
+async def _meet() -> None:
+    """Wait until ``MEET`` worker processes each started a job (see the module's doc)."""
+    (MARKS / f"meet.{os.getpid()}").touch()
+    deadline = asyncio.get_running_loop().time() + 60
+    while len(await asyncio.to_thread(lambda: list(MARKS.glob("meet.*")))) < MEET:
+        if asyncio.get_running_loop().time() > deadline:
+            return  # the test's "every worker took part" assertion says what went wrong
+        await asyncio.sleep(0.02)
+
+
 app = App(os.environ["JF_DB"], lease=timedelta(seconds=float(os.environ.get("JF_LEASE", "30"))))
 
 
 @app.consumer("flow", limit=_limit())
 async def handle(job: Job[dict[str, Any]], tx: Tx) -> None:
+    if MEET:
+        await _meet()
     mode = job.payload.get("mode")
     seconds = float(job.payload.get("seconds", 0))
     if mode == "backoff":

@@ -156,8 +156,10 @@ async def test_concurrency_per_partner_holds_across_worker_processes(
     await _prepare(url, [])
     # 2 slots a worker, one job a transaction, no prefetch (a claimed job holds its key's
     # slot while it waits in its worker's buffer): the 6 slots of the 3 partners need every
-    # worker, so each one takes part, and a key's room is contended by all of them
-    env = _env(url, tmp_path, concurrency=2)
+    # worker, and a key's room is contended by all of them. Each worker's first job waits
+    # until every worker has started one (JF_MEET): the first two cannot claim while they
+    # wait, so the third takes part however the machine schedules them
+    env = _env(url, tmp_path, concurrency=2, meet=workers)
     procs = _workers(workers, env, tmp_path, "--batch-size", "1", "--prefetch", "0", slots=2)
     try:
         await _enqueue(url, jobs)

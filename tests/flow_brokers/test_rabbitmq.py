@@ -24,16 +24,18 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
-from jobfence import App
+from jobfence import App, Job, Limit, Tx
+from jobfence.runtime.harness import Outcome
 
 from ..contract.support import Target, cleanup, kill_worker, make_target, wait_started
-from ..helpers import eventually, query, start_worker, stop_process
+from ..helpers import RunningWorker, eventually, query, start_worker, stop_process
 from .support import (
     create_runs_table,
     deferrals,
@@ -183,6 +185,53 @@ async def test_kill_9_of_the_workers_holding_a_keys_slots_frees_them_within_a_le
     assert back_within <= 3.0 + 1.5 + 1.0, back_within
     # the deliveries of k waited (deferred) rather than ran while the slots were held
     assert any(reason == "concurrency" for _, _, reason, _ in deferrals(marks))
+
+
+async def test_a_slot_renewal_stuck_on_the_database_does_not_cost_held_deliveries_their_lease(
+    rabbitmq: Target,
+) -> None:
+    """A worker of one slot runs a job of a limited queue for 3 s under a 1 s lease, the
+    next job waiting in its buffer, while the database makes the renewal of the running
+    job's concurrency slot wait (another session locks the slot's row for 2.5 s). The
+    deliveries' leases with RabbitMQ are renewed in the worker's memory, on their own beat:
+    they do not wait behind the slot's renewal, so no message is given back — each job
+    commits once, as attempt 1, nothing lost in its history, no duplicate delivery."""
+    app = App(rabbitmq.database_url, transport=rabbitmq.transport_url,
+              lease=timedelta(seconds=1), auto_migrate=True)  # fmt: skip
+    started = asyncio.Event()
+
+    @app.consumer(rabbitmq.queue, limit=Limit(concurrency=1, key=lambda p: p["key"]))
+    async def handle(job: Job[dict[str, Any]], tx: Tx) -> None:
+        row = await tx.fetchone("SELECT clock_timestamp()")
+        assert row is not None
+        started.set()
+        await asyncio.sleep(float(job.payload["seconds"]))
+        await tx.execute(
+            "INSERT INTO flow_runs (job_id, key, attempt, lost, pid, started, ended) "
+            "VALUES (%s, %s, %s, %s, 0, %s, clock_timestamp())",
+            (job.job_id, job.payload["key"], job.attempt, len(job.history), row[0]),
+        )
+
+    async with app:
+        await app.enqueue(rabbitmq.queue, {"key": "a", "seconds": 3}, job_id="slow")
+        await app.enqueue(rabbitmq.queue, {"key": "b", "seconds": 0}, job_id="next")
+        async with RunningWorker(app, concurrency=1, poll_interval=0.2) as worker:
+            await asyncio.wait_for(started.wait(), timeout=30)
+            blocker = await psycopg.AsyncConnection.connect(rabbitmq.database_url)
+            async with blocker, blocker.transaction():
+                locked = await blocker.execute(
+                    "SELECT id FROM core.flow_slots WHERE queue = %s FOR UPDATE",
+                    (rabbitmq.queue,),
+                )
+                assert len(await locked.fetchall()) == 1  # the running job's slot
+                await asyncio.sleep(2.5)  # renewals of that slot wait on its row
+            await eventually(lambda: _count(rabbitmq, 2), timeout=30, what="both jobs committed")
+            assert worker.stats.outcomes[Outcome.DUPLICATE] == 0  # no message was given back
+    found = await runs(rabbitmq.database_url)
+    assert sorted((r.job_id, r.attempt, r.lost) for r in found) == [
+        ("next", 1, 0),
+        ("slow", 1, 0),
+    ]
 
 
 async def _count(target: Target, expected: int) -> bool:

@@ -268,6 +268,7 @@ class Worker:
                 self.health.watch(rt.db, self._report_inflight), name="jobfence-health"
             ),
             asyncio.create_task(self._heartbeat(), name="jobfence-heartbeat"),
+            asyncio.create_task(self._renew_slots(), name="jobfence-slot-renewal"),
             asyncio.create_task(self._maintenance(), name="jobfence-maintenance"),
         ]
         if self.summary_interval > 0:
@@ -502,16 +503,30 @@ class Worker:
         WORKER_INFLIGHT.inc(busy - self._inflight_reported)
         self._inflight_reported = busy
 
+    def _renewal_interval(self) -> float:
+        return max(self.runtime.lease.total_seconds() / 3, 0.2)
+
     async def _heartbeat(self) -> None:
-        interval = max(self.runtime.lease.total_seconds() / 3, 0.2)
+        """Renew the leases of every delivery this worker holds (running or buffered).
+
+        Its own loop, apart from :meth:`_renew_slots`: a slot renewal waits for a database
+        connection (admissions may hold them all, waiting on the queue's flow lock), and a
+        broker's lease is renewed in memory — it must never wait behind the database, or
+        a busy worker's buffered deliveries expire and are redelivered as lost."""
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self._renewal_interval())
             held = [d for batch in self._inflight.values() for d in batch] + list(self._buffer)
             if held:
                 try:
                     await self.runtime.transport.extend(held)
                 except Exception:
                     log.exception("lease renewal failed")
+
+    async def _renew_slots(self) -> None:
+        """Renew the concurrency slots of the running deliveries of limited queues (brokers;
+        see :meth:`Harness.renew_slots`)."""
+        while True:
+            await asyncio.sleep(self._renewal_interval())
             if self._harness is not None and self._harness.slots:
                 try:
                     await self._harness.renew_slots()
