@@ -190,14 +190,15 @@ async def test_kill_9_of_the_workers_holding_a_keys_slots_frees_them_within_a_le
 async def test_a_slot_renewal_stuck_on_the_database_does_not_cost_held_deliveries_their_lease(
     rabbitmq: Target,
 ) -> None:
-    """A worker of one slot runs a job of a limited queue for 3 s under a 1 s lease, the
+    """A worker of one slot runs a job of a limited queue for 4 s under a 1.5 s lease, the
     next job waiting in its buffer, while the database makes the renewal of the running
-    job's concurrency slot wait (another session locks the slot's row for 2.5 s). The
+    job's concurrency slot wait (another session locks the slot's row for 3.2 s: more than
+    two leases). The
     deliveries' leases with RabbitMQ are renewed in the worker's memory, on their own beat:
     they do not wait behind the slot's renewal, so no message is given back — each job
     commits once, as attempt 1, nothing lost in its history, no duplicate delivery."""
     app = App(rabbitmq.database_url, transport=rabbitmq.transport_url,
-              lease=timedelta(seconds=1), auto_migrate=True)  # fmt: skip
+              lease=timedelta(seconds=1.5), auto_migrate=True)  # fmt: skip
     started = asyncio.Event()
 
     @app.consumer(rabbitmq.queue, limit=Limit(concurrency=1, key=lambda p: p["key"]))
@@ -213,7 +214,7 @@ async def test_a_slot_renewal_stuck_on_the_database_does_not_cost_held_deliverie
         )
 
     async with app:
-        await app.enqueue(rabbitmq.queue, {"key": "a", "seconds": 3}, job_id="slow")
+        await app.enqueue(rabbitmq.queue, {"key": "a", "seconds": 4}, job_id="slow")
         await app.enqueue(rabbitmq.queue, {"key": "b", "seconds": 0}, job_id="next")
         async with RunningWorker(app, concurrency=1, poll_interval=0.2) as worker:
             await asyncio.wait_for(started.wait(), timeout=30)
@@ -224,7 +225,7 @@ async def test_a_slot_renewal_stuck_on_the_database_does_not_cost_held_deliverie
                     (rabbitmq.queue,),
                 )
                 assert len(await locked.fetchall()) == 1  # the running job's slot
-                await asyncio.sleep(2.5)  # renewals of that slot wait on its row
+                await asyncio.sleep(3.2)  # renewals of that slot wait on its row
             await eventually(lambda: _count(rabbitmq, 2), timeout=30, what="both jobs committed")
             assert worker.stats.outcomes[Outcome.DUPLICATE] == 0  # no message was given back
     found = await runs(rabbitmq.database_url)
