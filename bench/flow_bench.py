@@ -1,6 +1,7 @@
 """Flow control's cost and accuracy on the PostgreSQL queue (issue 26).
 
     .venv/bin/python bench/flow_bench.py cost [--jobs 20000] [--repeat 3]
+    .venv/bin/python bench/flow_bench.py cost --transport redis|rabbitmq [--jobs 5000]
     .venv/bin/python bench/flow_bench.py rate [--rate 400] [--per 2] [--windows 6] [--repeat 3]
 
 ``cost``: the durable-effect workload (one INSERT per job) drained by one in-process worker
@@ -9,6 +10,11 @@ at its defaults, with a Limit on the queue that is never reached (concurrency 10
 claim and records its starts) against the same workload without a Limit, in pairs, each on
 a fresh database. CPU per job is the worker's process time plus the PostgreSQL backends'
 (read from /proc), over the drain. Target: the limit costs <= 10 % CPU per job.
+With ``--transport redis`` or ``rabbitmq`` the same pairs run on that broker (the fence's
+database on PostgreSQL, a queue of its own per run): every delivery of the limited queue is
+admitted before its handler (a slot and a start) and gives its slot back with its outcome,
+so the difference is the brokers' admission. The brokers' own CPU is not counted (the same
+with and without a limit).
 
 ``rate``: one key with ``Rate(rate, per)`` and ``rate × windows`` jobs waiting (a saturated
 limit): the rate of the starts the claims recorded, from the first to the last, against the
@@ -38,6 +44,10 @@ import psycopg
 from jobfence import App, Job, Limit, Observer, Rate, Tx
 
 ADMIN = os.environ.get("JOBFENCE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+BROKERS = {
+    "redis": os.environ.get("JOBFENCE_BENCH_REDIS", "redis://127.0.0.1:6379/0"),
+    "rabbitmq": os.environ.get("JOBFENCE_BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/"),
+}
 #: clock ticks a second (/proc/<pid>/stat counts CPU time in them)
 TICKS = os.sysconf("SC_CLK_TCK")
 PARTNERS = 10
@@ -98,14 +108,63 @@ class ServerCPU:
         self.conn.close()
 
 
-async def cost_run(jobs: int, limited: bool) -> dict[str, float]:
-    """One drain of ``jobs`` durable jobs; CPU ms per job (worker, server) and jobs/s."""
+@contextmanager
+def broker_queue(transport: str) -> Iterator[tuple[str | None, str]]:
+    """The transport URL (None: the database queue) and a queue name private to one run;
+    the broker's streams or queues of the run are removed after it."""
+    token = uuid.uuid4().hex[:8]
+    if transport == "database":
+        yield None, "bench"
+        return
+    url = BROKERS[transport]
+    if transport == "redis":  # RabbitMQ's queue name is the run's own already
+        url = f"{url}{'&' if '?' in url else '?'}prefix=jfbench:{token}"
+    queue = f"bench_{token}"
+    try:
+        yield url, queue
+    finally:
+        asyncio.run(_remove_broker_queue(transport, url, queue))
+
+
+async def _remove_broker_queue(transport: str, url: str, queue: str) -> None:
+    if transport == "rabbitmq":
+        import aio_pika
+
+        from jobfence.transports.rabbitmq import exhausted_name
+
+        conn = await aio_pika.connect(url)
+        try:
+            channel = await conn.channel()
+            for name in (queue, exhausted_name(queue)):
+                await channel.queue_delete(name)
+        finally:
+            await conn.close()
+        return
+    from datetime import timedelta
+
+    from jobfence.transports.redis import RedisTransport
+
+    red = RedisTransport.from_url(url, lease=timedelta(seconds=5), worker_id="bench-cleanup")
+    await red.open()
+    try:
+        keys = [k async for k in red.redis.scan_iter(match=f"{red.prefix}:*")]
+        if keys:
+            await red.redis.delete(*keys)
+    finally:
+        await red.close()
+
+
+async def cost_run(
+    jobs: int, limited: bool, transport_url: str | None, queue: str
+) -> dict[str, float]:
+    """One drain of ``jobs`` durable jobs of ``queue`` (on the broker at ``transport_url``;
+    None: the database queue); CPU ms per job (worker, server) and jobs/s."""
     with fresh_database() as url:
         done = asyncio.Event()
-        app = App(url, auto_migrate=True, observers=[_Counter(jobs, done)])
+        app = App(url, transport=transport_url, auto_migrate=True, observers=[_Counter(jobs, done)])
         limit = Limit(concurrency=10_000, rate=Rate(1_000_000, per=1), key="partner")
 
-        @app.consumer("bench", limit=limit if limited else None)
+        @app.consumer(queue, limit=limit if limited else None)
         async def effect(job: Job[Any], tx: Tx) -> None:
             await tx.execute(
                 "INSERT INTO effects (job_id, amount) VALUES (%s, %s)", (job.job_id, 1)
@@ -115,7 +174,7 @@ async def cost_run(jobs: int, limited: bool) -> dict[str, float]:
             async with app.db.transaction() as tx:
                 await tx.execute("CREATE TABLE effects (job_id text NOT NULL, amount int NOT NULL)")
             batch = [
-                app.job("bench", {"partner_id": f"p{i % PARTNERS}"}, job_id=f"job-{i}")
+                app.job(queue, {"partner_id": f"p{i % PARTNERS}"}, job_id=f"job-{i}")
                 for i in range(jobs)
             ]
             for start in range(0, jobs, 5000):
@@ -205,19 +264,24 @@ async def rate_run(rate: int, per: float, windows: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["cost", "rate"])
-    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--jobs", type=int, default=None, help="20000; 5000 on a broker")
+    parser.add_argument("--transport", choices=["database", *BROKERS], default="database")
     parser.add_argument("--rate", type=int, default=400)
     parser.add_argument("--per", type=float, default=2.0)
     parser.add_argument("--windows", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    if args.jobs is None:
+        args.jobs = 20_000 if args.transport == "database" else 5_000
     if args.mode == "cost":
         pairs = []
         for _ in range(args.repeat):
             # the pair's order alternates: drift hits both alike
             first, second = (True, False) if len(pairs) % 2 else (False, True)
-            a = asyncio.run(cost_run(args.jobs, first))
-            b = asyncio.run(cost_run(args.jobs, second))
+            with broker_queue(args.transport) as (transport_url, queue):
+                a = asyncio.run(cost_run(args.jobs, first, transport_url, queue))
+            with broker_queue(args.transport) as (transport_url, queue):
+                b = asyncio.run(cost_run(args.jobs, second, transport_url, queue))
             limited, plain = (a, b) if first else (b, a)
             pairs.append((limited, plain))
 
@@ -227,16 +291,22 @@ def main() -> None:
         ratios = [total(lim) / total(pl) - 1 for lim, pl in pairs]
         out = {
             "mode": "cost",
+            "transport": args.transport,
             "jobs": args.jobs,
             "limited_cpu_ms": statistics.median(total(lim) for lim, _ in pairs),
             "plain_cpu_ms": statistics.median(total(pl) for _, pl in pairs),
+            "limited_worker_ms": statistics.median(lim["worker_ms"] for lim, _ in pairs),
+            "limited_server_ms": statistics.median(lim["server_ms"] for lim, _ in pairs),
+            "plain_worker_ms": statistics.median(pl["worker_ms"] for _, pl in pairs),
+            "plain_server_ms": statistics.median(pl["server_ms"] for _, pl in pairs),
             "limited_jobs_per_s": statistics.median(lim["jobs_per_s"] for lim, _ in pairs),
             "plain_jobs_per_s": statistics.median(pl["jobs_per_s"] for _, pl in pairs),
             "cost": statistics.median(ratios),
             "costs": ratios,
         }
         print(
-            f"CPU per job: {out['limited_cpu_ms']:.3f} ms with a Limit (not reached), "
+            f"{args.transport}: CPU per job: {out['limited_cpu_ms']:.3f} ms with a Limit "
+            "(not reached), "
             f"{out['plain_cpu_ms']:.3f} ms without: {out['cost']:+.1%} "
             f"(pairs {', '.join(f'{r:+.1%}' for r in ratios)}); "
             f"{out['limited_jobs_per_s']:,.0f} vs {out['plain_jobs_per_s']:,.0f} jobs/s",

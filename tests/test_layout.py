@@ -44,8 +44,13 @@ POSTGRESQL_ONLY = {
     "fence_partitions_detach": "fences partitioned by day of expiry",
     "fence_partitions_purge": "fences partitioned by day of expiry",
     "dead_letters_expire": "decided letters past the owner's retention (SQLite keeps every one)",
+    "flow_admit": "a broker delivery's admission in one statement (SQLite: its transaction)",
 }
-SQLITE_ONLY = {"changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)"}
+SQLITE_ONLY = {
+    "changes": "SQLite's row count of the last statement (PostgreSQL: RETURNING)",
+    "flow_admit_state": "a key's state read by an admission's transaction (PostgreSQL: flow_admit)",
+    "flow_take_slot": "a slot taken by an admission's transaction (PostgreSQL: flow_admit)",
+}
 #: the flat modules that moved into core/, runtime/, review/ and outbox/ (issue 24)
 MOVED = (
     "jobs", "retry", "codec", "fence", "leases", "worker", "harness", "group_commit",

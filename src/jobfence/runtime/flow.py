@@ -9,10 +9,12 @@ The state is in the database (schema ``core``: ``flow_slots``, ``flow_starts``,
   prunes the log of starts.
 - **A broker** cannot leave a message unclaimed: the harness asks :meth:`FlowControl.admit`
   before it runs a delivery (a concurrency slot in ``flow_slots`` and a start in
-  ``flow_starts``), defers the delivery when the answer is :class:`Deferred`, and
-  :meth:`FlowControl.release`\\ s the slot after the outcome (:meth:`FlowControl.extend`
-  renews it with the delivery's lease; an expired slot counts for nothing, so a killed
-  worker's slots come back within one lease).
+  ``flow_starts``; on PostgreSQL one statement, ``core.flow_admit``), defers the delivery
+  when the answer is :class:`Deferred`, and gives the slot back with the outcome: inside
+  the job's work transaction when it commits (:func:`release_at_commit`, with the COMMIT),
+  else by :meth:`FlowControl.release` after a retry, a dead letter or a back-off
+  (:meth:`FlowControl.extend` renews it with the delivery's lease; an expired slot counts
+  for nothing, so a killed worker's slots come back within one lease).
 - **Holds**: a handler's :class:`~jobfence.errors.BackOff` holds its key for a while
   (:meth:`FlowControl.back_off`); an operator pauses a key (``review.jobctl.pause_key``).
 
@@ -112,6 +114,14 @@ async def record_starts(tx: Tx, db: Database, queue: str, keys: Sequence[str], a
         await tx.q("flow_record_starts", {"queue": queue, "keys": db.array(keys), "at": at})
 
 
+async def release_at_commit(tx: Tx, slot: int) -> None:
+    """Give back ``slot`` when ``tx`` (a job's work transaction, in the slots' database)
+    commits: on PostgreSQL the statement leaves with the COMMIT, no round trip of its own.
+    If ``tx`` rolls back, the slot is still held (give it back with
+    :meth:`FlowControl.release`)."""
+    await tx.q_at_commit("flow_release_slot", {"id": slot})
+
+
 def _seconds(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -166,17 +176,34 @@ class FlowControl:
     async def admit(self, queue: str, key: str, job_id: str, lease: timedelta) -> Admission:
         """Admit one delivery of ``queue`` (its key ``key``) or say why and how long it must
         wait. Admitted: a slot (if the limit has a concurrency) renewed by :meth:`extend`
-        and given back by :meth:`release`, and a start recorded (if it has a rate), both in
-        one transaction under the queue's flow lock. A queue without a limit is admitted
-        without a write."""
+        and given back by :meth:`release` (or :func:`release_at_commit`), and a start
+        recorded (if it has a rate), both under the queue's flow lock: on PostgreSQL in one
+        statement (``core.flow_admit``, one round trip), on SQLite in one write transaction
+        of the same steps. A queue without a limit is admitted without a write."""
         limit = self.limits.get(queue)
         if limit is None:
             return Admitted(None)
         per = limit.rate.seconds if limit.rate is not None else 0.0
-        async with self.db.transaction() as tx:
-            await lock(tx, queue)
-            rows = await tx.q("flow_admit_state", {"queue": queue, "key": key, "per": per})
+        if self.db.dialect == "postgresql":
+            rows = await self.db.run(
+                "flow_admit",
+                {
+                    "queue": queue,
+                    "key": key,
+                    "job_id": job_id,
+                    "holder": self.holder,
+                    "lease": lease.total_seconds(),
+                    "concurrency": limit.concurrency,
+                    "count": limit.rate.count if limit.rate is not None else None,
+                    "per": per,
+                },
+            )
             state = rows[0]
+            if state["admitted"]:
+                return Admitted(None if state["slot"] is None else int(state["slot"]))
+            return _refused(limit, state)
+        async with self.db.transaction() as tx:
+            state = (await tx.q("flow_admit_state", {"queue": queue, "key": key, "per": per}))[0]
             deferred = _deferral(limit, state)
             if deferred is not None:
                 return deferred
@@ -201,6 +228,11 @@ class FlowControl:
         """Give back a slot :meth:`admit` took (after the delivery's outcome); None: none."""
         if slot is not None:
             await self.db.run("flow_release_slot", {"id": slot})
+
+    def releases_in(self, work: object) -> bool:
+        """Whether a slot can be given back inside a job's work transaction opened by
+        ``work`` (:func:`release_at_commit`): the slots are in that database."""
+        return work is self.db
 
     async def extend(self, slots: Sequence[int], lease: timedelta) -> None:
         """Renew live slots for another ``lease`` (with the deliveries' leases)."""
@@ -307,9 +339,18 @@ async def status(db: Database, queue: str, limit: Limit, *, keys: int = STATUS_K
     )
 
 
+def _refused(limit: Limit, state: Mapping[str, Any]) -> Deferred:
+    """Why ``core.flow_admit`` refused a key with ``state`` (its rules are
+    :func:`_deferral`'s)."""
+    deferred = _deferral(limit, state)
+    if deferred is None:
+        raise RuntimeError(f"flow control refused a key that has room: {dict(state)!r}")
+    return deferred
+
+
 def _deferral(limit: Limit, state: Mapping[str, Any]) -> Deferred | None:
-    """Why a key with ``state`` (``flow_admit_state``) takes no start now, and until when;
-    None: it has room."""
+    """Why a key with ``state`` (``flow_admit_state``, or what ``core.flow_admit`` read)
+    takes no start now, and until when; None: it has room."""
     if state["paused"]:
         return Deferred("pause", None)
     backoff = _seconds(state["backoff_for"])

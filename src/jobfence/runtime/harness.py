@@ -58,7 +58,7 @@ from ..review.letters import DEFAULT_PAYLOAD_LIMIT
 from ..tracing import Tracing
 from ..transports import Transport
 from . import hosted
-from .flow import Admitted, Deferred, FlowControl, hold, key_for
+from .flow import Admitted, Deferred, FlowControl, hold, key_for, release_at_commit
 
 log = logging.getLogger("jobfence.harness")
 
@@ -264,19 +264,26 @@ class Harness:
         if deferred is not None:
             return deferred
         try:
-            return await self._run(delivery, consumer, job)
+            return await self._run(delivery, consumer, job, slot)
         finally:
-            if slot is not None:
+            # a work transaction that committed gave the slot back already
+            if slot is not None and slot in self.slots:
                 await asyncio.shield(self._release_slot(slot))
 
-    async def _run(self, delivery: Delivery, consumer: Consumer, job: Job[Any]) -> Outcome:
-        """The job through its fence and its handler to its outcome."""
+    async def _run(
+        self, delivery: Delivery, consumer: Consumer, job: Job[Any], slot: int | None = None
+    ) -> Outcome:
+        """The job through its fence and its handler to its outcome. ``slot``: its
+        concurrency slot, given back by the work transaction when it commits (where that
+        transaction is in the slots' database)."""
         ack_in_tx = self.acks_in_tx
         try:
             if consumer.host is not None:
                 fenced, duration = await self._hosted(consumer, delivery, job, ack=ack_in_tx)
             else:
-                fenced, duration = await self._own(consumer, delivery, job, ack=ack_in_tx)
+                fenced, duration = await self._own(
+                    consumer, delivery, job, ack=ack_in_tx, slot=slot
+                )
         except _LeaseLost:
             self.observers.job_lost(delivery, consumer.name)
             return Outcome.LOST
@@ -301,11 +308,20 @@ class Harness:
         return Outcome.PROCESSED
 
     async def _own(
-        self, consumer: Consumer, delivery: Delivery, job: Job[Any], *, ack: bool
+        self,
+        consumer: Consumer,
+        delivery: Delivery,
+        job: Job[Any],
+        *,
+        ack: bool,
+        slot: int | None = None,
     ) -> tuple[FenceOutcome, float]:
         """The job in jobfence's own work transaction (:func:`jobfence.core.fence.work`), opened by
-        ``self.work`` (the app's database, or its SQLAlchemy engine)."""
+        ``self.work`` (the app's database, or its SQLAlchemy engine). ``slot``: a concurrency
+        slot that the transaction gives back when it commits, if it is in the slots' database
+        (then it leaves :attr:`slots`); a rollback keeps it for the caller to release."""
         duration = 0.0
+        frees = slot is not None and self.flow is not None and self.flow.releases_in(self.work)
         async with fence.work(
             self.work,
             consumer.name,
@@ -321,6 +337,10 @@ class Harness:
                 started = time.perf_counter()
                 await self._call(consumer, job, tx)
                 duration = time.perf_counter() - started
+            if slot is not None and frees:
+                await release_at_commit(tx, slot)
+        if slot is not None and frees:
+            self.slots.discard(slot)  # committed: given back
         return fenced, duration
 
     async def _hosted(

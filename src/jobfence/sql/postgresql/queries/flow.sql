@@ -7,34 +7,13 @@
 -- the last slot or the last start of a window (released at commit).
 SELECT pg_advisory_xact_lock(hashtextextended('jobfence.flow ' || %(queue)s, 0))
 
--- name: flow_admit_state
--- One key's state as an admission sees it, times as seconds from the database clock.
-WITH clock AS (SELECT clock_timestamp() AS now)
-SELECT
-    (SELECT bool_or(h.until IS NULL) FROM core.flow_holds AS h
-     WHERE h.queue = %(queue)s AND h.key = %(key)s AND h.kind = 'pause') AS paused,
-    (SELECT extract(epoch FROM max(h.until) - c.now)::float8 FROM core.flow_holds AS h
-     WHERE h.queue = %(queue)s AND h.key = %(key)s AND h.kind = 'backoff'
-       AND h.until > c.now) AS backoff_for,
-    (SELECT count(*) FROM core.flow_slots AS s
-     WHERE s.queue = %(queue)s AND s.key = %(key)s AND s.expires_at > c.now) AS slots,
-    (SELECT extract(epoch FROM min(s.expires_at) - c.now)::float8 FROM core.flow_slots AS s
-     WHERE s.queue = %(queue)s AND s.key = %(key)s AND s.expires_at > c.now) AS slot_free_in,
-    (SELECT count(*) FROM core.flow_starts AS f
-     WHERE f.queue = %(queue)s AND f.key = %(key)s
-       AND f.started_at > c.now - make_interval(secs => %(per)s)) AS starts,
-    (SELECT extract(epoch FROM min(f.started_at) + make_interval(secs => %(per)s) - c.now)::float8
-     FROM core.flow_starts AS f
-     WHERE f.queue = %(queue)s AND f.key = %(key)s
-       AND f.started_at > c.now - make_interval(secs => %(per)s)) AS start_free_in,
-    c.now
-FROM clock AS c
-
--- name: flow_take_slot
-INSERT INTO core.flow_slots (queue, key, job_id, holder, expires_at)
-VALUES (%(queue)s, %(key)s, %(job_id)s, %(holder)s,
-        clock_timestamp() + make_interval(secs => %(lease)s))
-RETURNING id
+-- name: flow_admit
+-- A broker delivery's admission in one round trip (core.flow_admit, 0018_flow_admit.sql):
+-- the queue's flow lock, the key's state, and when it has room a slot and a start.
+SELECT paused, backoff_for, slots, slot_free_in, starts, start_free_in, counted_at AS now,
+       admitted, slot
+FROM core.flow_admit(%(queue)s, %(key)s, %(job_id)s, %(holder)s, %(lease)s::float8,
+                     %(concurrency)s::int, %(count)s::int, %(per)s::float8)
 
 -- name: flow_release_slot
 DELETE FROM core.flow_slots WHERE id = %(id)s
