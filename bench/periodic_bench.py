@@ -14,8 +14,10 @@ this process' CPU time (the scheduler's side; the database server's is not count
 round and per tick. Every round checks that it enqueued at least N ticks (a round longer
 than a second finds a second tick due on the schedules it reaches after the second turned).
 
-``--catch-up T``: one ``missed="all"`` schedule whose schedulers were down for T seconds
-(``MAX_CATCH_UP`` caps what runs): the round's time, ticks enqueued and transactions used.
+``--catch-up T``: ``--catch-up-schedules`` (10) per-second ``missed="all"`` schedules whose
+schedulers were down for T seconds (``MAX_CATCH_UP`` caps what each runs: 1 000, so 10 000
+ticks from T = 1 000 on): the round's time, the ticks it enqueued, the transactions it took
+and the most ticks one of them enqueued.
 
 Prints one line per mode; the last line is the result as JSON.
 """
@@ -118,19 +120,20 @@ async def _rounds(store: str, schedules: int, rounds: int) -> dict[str, Any]:
         }
 
 
-async def _catch_up(store: str, seconds: int) -> dict[str, Any]:
+async def _catch_up(store: str, seconds: int, schedules: int) -> dict[str, Any]:
     from jobfence import App
     from jobfence.runtime.scheduler import Scheduler
 
     async with fresh_store(store) as url:
         app = App(url, auto_migrate=True)
-        app.periodic(
-            "catch-up",
-            cron="* * * * * *",
-            queue="bench.periodic",
-            missed="all",
-            grace=timedelta(0),
-        )
+        for i in range(schedules):
+            app.periodic(
+                f"catch-up-{i:03d}",
+                cron="* * * * * *",
+                queue="bench.periodic",
+                missed="all",
+                grace=timedelta(0),
+            )
         async with app:
             scheduler = Scheduler(app.runtime)
             await scheduler.define()
@@ -142,6 +145,7 @@ async def _catch_up(store: str, seconds: int) -> dict[str, Any]:
             return {
                 "store": store,
                 "catch_up_s": seconds,
+                "schedules": schedules,
                 "ticks": scheduler.enqueued,
                 "transactions": getattr(scheduler, "transactions", 1),
                 "largest_transaction": getattr(scheduler, "largest", scheduler.enqueued),
@@ -156,16 +160,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--store", choices=["postgresql", "sqlite"], nargs="*")
     parser.add_argument("--catch-up", type=int, default=0, metavar="SECONDS")
+    parser.add_argument("--catch-up-schedules", type=int, default=10)
     args = parser.parse_args()
     stores = args.store or ["postgresql", "sqlite"]
     results: list[dict[str, Any]] = []
     for store in stores:
         if args.catch_up:
-            found = asyncio.run(_catch_up(store, args.catch_up))
+            found = asyncio.run(_catch_up(store, args.catch_up, args.catch_up_schedules))
             results.append(found)
             print(
-                f"{store:10} catch-up {found['catch_up_s']} s: {found['ticks']} ticks in "
-                f"{found['transactions']} transaction(s), {found['round_s']:.3f} s, "
+                f"{store:10} catch-up {found['catch_up_s']} s, {found['schedules']} schedules: "
+                f"{found['ticks']} ticks in {found['transactions']} transaction(s) (largest "
+                f"{found['largest_transaction']}), {found['round_s']:.3f} s, "
                 f"{found['cpu_per_tick_ms']:.3f} ms CPU/tick"
             )
             continue

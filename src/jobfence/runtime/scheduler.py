@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..core.jobs import OutgoingJob, outgoing_job
-from ..core.periodic import Due, Periodic
+from ..core.periodic import DECLARE_EVERY, Due, Periodic
 from ..db import to_datetime
 from . import holding
 from .context import Runtime, RuntimeSource
@@ -51,9 +51,6 @@ SLACK = 0.005
 ROUND_SCHEDULES = 500
 #: ... and enqueues at most this many ticks; a round with more takes more transactions
 ROUND_TICKS = 1000
-#: a running scheduler declares its schedules again this often (``defined_at``), so a
-#: schedule no running app declares any more can be told apart
-DECLARE_EVERY = timedelta(hours=1)
 
 
 class Scheduler:
