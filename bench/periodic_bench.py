@@ -147,8 +147,8 @@ async def _catch_up(store: str, seconds: int, schedules: int) -> dict[str, Any]:
                 "catch_up_s": seconds,
                 "schedules": schedules,
                 "ticks": scheduler.enqueued,
-                "transactions": getattr(scheduler, "transactions", 1),
-                "largest_transaction": getattr(scheduler, "largest", scheduler.enqueued),
+                "transactions": scheduler.transactions,
+                "largest_transaction": scheduler.largest,
                 "round_s": round(wall_s, 4),
                 "cpu_per_tick_ms": round(cpu_s / max(1, scheduler.enqueued) * 1000, 3),
             }

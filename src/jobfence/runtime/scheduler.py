@@ -20,7 +20,9 @@ hosts, make one run per tick, twice over:
   publishes them again, and the fence absorbs the duplicates.
 
 Times come from the database clock (the one every scheduler shares); the scheduler sleeps
-until the next tick of any of its schedules, measured on that clock.
+until the next tick of any of its schedules, measured on that clock. It declares its
+schedules when it starts and every :data:`~jobfence.core.periodic.DECLARE_EVERY` (and a
+round stamps the rows it moves), so a schedule no running app declares any more shows.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class Scheduler:
             }
             for p in self.periodic.values()
         ]
+        if not params:
+            return
         async with self.runtime.db.transaction() as tx:
             await tx.qmany("schedule_define", params)
         self._declared = time.monotonic()
@@ -230,7 +234,7 @@ class Scheduler:
             await self.define()
             for name in names:
                 if name not in present:
-                    self._next.pop(name, None)
+                    self._next[name] = now  # the next round claims it, from its new row
 
     def _logged(self, p: Periodic, due: Due, jobs: list[OutgoingJob]) -> None:
         if jobs:
