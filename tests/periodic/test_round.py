@@ -158,7 +158,8 @@ async def test_schedules_no_running_app_declares_are_shown_and_pruned(
             await prune_schedules(app.db, timedelta(hours=1))
         refused = jf("schedules", "prune", "--older-than", "1h", "--database-url", ledger)
         assert refused.returncode != 0
-        pruned = jf("schedules", "prune", "--database-url", ledger, "--json")
+        # the database named before the subcommand (as for the listing) is the one pruned
+        pruned = jf("schedules", "--database-url", ledger, "prune", "--json")
         assert pruned.returncode == 0, pruned.stderr
         assert json.loads(pruned.stdout) == {"removed": ["s002"]}
         assert await prune_schedules(app.db, timedelta(hours=3)) == ["s001"]

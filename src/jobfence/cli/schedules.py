@@ -95,8 +95,13 @@ def prune(database_url: str | None, older_than: timedelta, as_json: bool) -> Non
     schedule removed from the code, or of an app no longer run). A schedule declared again
     afterwards starts afresh, from then."""
 
+    parent = click.get_current_context().parent
+    # `jobfence schedules --database-url X prune` means X as much as `schedules prune --…` does
+    url = database_url or (parent.params.get("database_url") if parent else None)
+    as_json = as_json or bool(parent and parent.params.get("as_json"))
+
     async def go() -> list[str]:
-        async with opened_app(database_url) as app:
+        async with opened_app(url) as app:
             return await prune_schedules(app.db, older_than)
 
     removed = run(go())
