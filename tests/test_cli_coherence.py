@@ -45,6 +45,7 @@ DURATION_FLAGS = {
     ("worker", "--liveness-timeout"),
     ("relay", "--liveness-timeout"),
     ("calls list", "--older-than"),
+    ("schedules prune", "--older-than"),
     ("migrate", "--wait"),
 }
 #: commands whose database is given by an APP argument (with JOBFENCE_APP) instead of --app,
@@ -297,6 +298,7 @@ def test_json_output_has_the_documented_shape(sqlite_database: str) -> None:
         "calls show": ["calls", "show", "1"],
         "calls settle": ["calls", "settle", "1", "not_applied", "--reason", "not there"],
         "schedules": ["schedules"],
+        "schedules prune": ["schedules", "prune"],
     }  # fmt: skip
     runner = CliRunner()
     env = {"JOBFENCE_ACTOR": "ann", "COLUMNS": "200"}

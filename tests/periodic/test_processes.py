@@ -73,7 +73,16 @@ async def run_schedulers(
                     kill9(procs[i])
                 else:
                     restarts += 1
-                    procs[i] = start_scheduler(env, tmp_path / f"scheduler-{i}-{restarts}.log")
+                    log_path = tmp_path / f"scheduler-{i}-{restarts}.log"
+                    procs[i] = start_scheduler(env, log_path)
+                    # running before the next phase: the next kill hits a scheduler at work,
+                    # and the last stop one that handles SIGTERM
+                    await eventually(
+                        lambda p=log_path: _started(p),  # type: ignore[misc]
+                        timeout=60,
+                        interval=0.1,
+                        what=f"{log_path.name} started",
+                    )
         await eventually(
             lambda: at_least(url, end), timeout=end * 3 + 30, interval=0.2, what="the last tick"
         )
@@ -87,6 +96,10 @@ async def run_schedulers(
     )
     assert stop_process(worker) == 0
     return await check_ledger(url, tmp_path)
+
+
+def _started(log_path: Path) -> bool:
+    return "scheduler started" in log_path.read_text()
 
 
 async def _empty(url: str) -> bool:
@@ -145,17 +158,17 @@ def _seconds(value: Any) -> float:
 async def test_three_schedulers_on_postgresql_two_killed_and_restarted(
     pg_ledger: str, tmp_path: Path
 ) -> None:
-    """~40 s: three scheduler processes, two of them SIGKILLed at tick 10 and restarted at
-    tick 18, killed again at 26 and restarted at 30: 40+ ticks, each run exactly once, none
+    """~25 s: three scheduler processes, two of them SIGKILLed at tick 5 and restarted at
+    tick 8, killed again at 14 and restarted at 17: 22+ ticks, each run exactly once, none
     missing."""
     found = await run_schedulers(
         pg_ledger,
         tmp_path,
         schedulers=3,
-        phases=[(10, "kill"), (18, "restart"), (26, "kill"), (30, "restart")],
-        end=40,
+        phases=[(5, "kill"), (8, "restart"), (14, "kill"), (17, "restart")],
+        end=22,
     )
-    assert found["ticks"] >= 40
+    assert found["ticks"] >= 22
     print(f"\nthree schedulers, PostgreSQL: {found}")
 
 

@@ -41,6 +41,12 @@ async def test_the_schedules_page_shows_names_and_times(console: Console) -> Non
         )
         await scheduler.tick()
         assert scheduler.enqueued >= 4
+        # no running scheduler declared the nightly one for four hours: no app defines it now
+        await query(
+            url,
+            "UPDATE core.schedules SET defined_at = now() - interval '4 hours' "
+            "WHERE name = 'nightly-reconcile'",
+        )
         listed = {s.name: s for s in await list_schedules(other.db)}
     beat, nightly = listed["beat"], listed["nightly-reconcile"]
     assert nightly.next_run is not None
@@ -58,10 +64,13 @@ async def test_the_schedules_page_shows_names_and_times(console: Console) -> Non
     await expect(night.locator("td.last")).to_have_text("never")
     # the served app defines no periodic job: nothing is marked as missing from it
     await expect(page.locator("#schedules")).not_to_contain_text("not in the app")
+    assert nightly.undeclared
+    await expect(night).to_contain_text(f"not declared since {when(nightly.declared_at)}")
     ticking = page.locator("tr[data-schedule=beat]")
     await expect(ticking).to_contain_text("* * * * * *")
     await expect(ticking.locator("td.last")).to_have_text(when(beat.last_slot))
     await expect(ticking.locator("td.outcome")).to_have_text("waiting")
+    await expect(ticking).not_to_contain_text("not declared")
     next_text = await ticking.locator("td.next").inner_text()
     assert next_text > when(beat.last_slot)
     await console.shot(page, "schedules")
@@ -78,6 +87,9 @@ async def test_the_schedules_page_shows_names_and_times(console: Console) -> Non
         assert body["beat"]["last_job_id"] == beat.last_job_id
         assert body["beat"]["last_outcome"] == "waiting"
         assert body["beat"]["defined"] is None
+        assert body["nightly-reconcile"]["undeclared"] is True
+        assert body["beat"]["undeclared"] is False
+        assert datetime.fromisoformat(body["beat"]["declared_at"]) == beat.declared_at
         scoped = {"Authorization": f"Bearer {console.tokens.partner_b_viewer}"}
         refused = await client.get("/v1/schedules", headers=scoped)
         assert refused.status_code == 403

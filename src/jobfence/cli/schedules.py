@@ -3,14 +3,18 @@ scheduler`` (the scheduler of an app's periodic jobs, alone)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import click
 from rich.table import Table
 
+from ..core.periodic import UNDECLARED_AFTER
 from ..errors import ConfigurationError
-from ..review.schedules import Schedule, list_schedules
+from ..review.schedules import Schedule, list_schedules, prune_schedules
 from ..runtime.scheduler import run_alone
 from .common import (
     ENV_APP,
+    Duration,
     console,
     database_option,
     database_url_option,
@@ -26,12 +30,17 @@ from .common import (
 )
 
 
-@main_group.command("schedules")
+@main_group.group("schedules", invoke_without_command=True)
 @database_option
 @json_option
-def schedules(database_url: str | None, as_json: bool) -> None:
+@click.pass_context
+def schedules(ctx: click.Context, database_url: str | None, as_json: bool) -> None:
     """The periodic jobs: name, cron, time zone, queue, the next run, and the last run with
-    what became of it (with --app, also those no scheduler has stored yet)."""
+    what became of it (with --app, also those no scheduler has stored yet). A schedule no
+    running scheduler declares any more shows as "not declared since"; `schedules prune`
+    removes such rows."""
+    if ctx.invoked_subcommand is not None:
+        return
 
     async def go() -> list[Schedule]:
         async with opened_app(database_url) as app:
@@ -56,6 +65,8 @@ def schedules(database_url: str | None, as_json: bool) -> None:
         if s.dead_letter_id is not None and s.last_outcome == "dead_letter":
             outcome += f" #{s.dead_letter_id}"
         name = s.name if s.defined is not False else f"{s.name} (not in the app)"
+        if s.undeclared:
+            name += f" (not declared since {show_time(s.declared_at)})"
         table.add_row(
             name,
             s.cron,
@@ -67,6 +78,40 @@ def schedules(database_url: str | None, as_json: bool) -> None:
             outcome,
         )
     console.print(table)
+
+
+@schedules.command("prune")
+@database_option
+@click.option(
+    "--older-than",
+    type=Duration(minimum=UNDECLARED_AFTER),
+    default="7d",
+    show_default=True,
+    help="Remove the rows of schedules no running scheduler declared for this long.",
+)
+@json_option
+def prune(database_url: str | None, older_than: timedelta, as_json: bool) -> None:
+    """Remove the rows of schedules no running scheduler declared for --older-than (a
+    schedule removed from the code, or of an app no longer run). A schedule declared again
+    afterwards starts afresh, from then."""
+
+    parent = click.get_current_context().parent
+    # `jobfence schedules --database-url X prune` means X as much as `schedules prune --…` does
+    url = database_url or (parent.params.get("database_url") if parent else None)
+    as_json = as_json or bool(parent and parent.params.get("as_json"))
+
+    async def go() -> list[str]:
+        async with opened_app(url) as app:
+            return await prune_schedules(app.db, older_than)
+
+    removed = run(go())
+    if as_json:
+        emit_json({"removed": removed})
+        return
+    if not removed:
+        console.print("no schedule rows to remove")
+        return
+    console.print(f"removed {len(removed)} schedule row(s): {', '.join(removed)}")
 
 
 @main_group.command("scheduler")

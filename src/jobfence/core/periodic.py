@@ -46,6 +46,14 @@ MISSED_POLICIES: tuple[Missed, ...] = ("last", "skip", "all")
 MAX_CATCH_UP = 1000
 #: a tick this late or less is on time, and always runs (whatever the policy for missed ones)
 DEFAULT_GRACE = timedelta(seconds=60)
+#: a running scheduler declares its app's schedules this often (the row's ``defined_at``) ...
+DECLARE_EVERY = timedelta(hours=1)
+#: ... so a schedule not declared for this long is one no running app declares any more
+#: (removed from the code, or its app stopped): listed as "not declared since", and removed
+#: by ``jobfence schedules prune`` (which keeps rows younger than this whatever it is told)
+UNDECLARED_AFTER = 3 * DECLARE_EVERY
+#: what ``jobfence schedules prune`` removes by default: rows not declared for a week
+PRUNE_AFTER = timedelta(days=7)
 #: a periodic job's name: it starts its ticks' job_ids, so it is short and plain
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 #: the slot's text in a job_id: the tick's instant in UTC, to the second

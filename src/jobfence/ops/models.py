@@ -353,3 +353,10 @@ class ScheduleView(BaseModel):
     defined: bool | None = Field(
         description="Whether the served app defines it (null: the server has no app's definitions)."
     )
+    declared_at: datetime | None = Field(
+        default=None, description="When a running scheduler last declared it (null: not stored)."
+    )
+    undeclared: bool = Field(
+        default=False,
+        description="No running scheduler declared it for 3 hours: no running app defines it.",
+    )

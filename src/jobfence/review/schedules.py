@@ -5,7 +5,14 @@ enqueued with what became of it.
 The definitions are read from the database (``core.schedules``, written by the schedulers),
 so a command needs no app to list them; with the app, schedules it defines that no scheduler
 has stored yet are listed too (never run), and rows of schedules it no longer defines are
-marked. The outcome of the last tick is what the database still knows: the job waiting,
+marked. Every running scheduler declares its schedules at its start and every
+:data:`~jobfence.core.periodic.DECLARE_EVERY` (``defined_at``): a schedule not declared for
+:data:`~jobfence.core.periodic.UNDECLARED_AFTER` is one no running app declares — removed
+from the code, or its app stopped — and is listed as "not declared since" that time, without
+an app named. Its row stays (its last tick, for the day it comes back) until
+:func:`prune_schedules` removes the rows not declared for days.
+
+The outcome of the last tick is what the database still knows: the job waiting,
 running or retrying in the database queue, its fence (processed, until the fence expires),
 or a dead letter; else ``unknown`` (on a broker while in flight, or finished longer ago than
 the fence is kept).
@@ -15,14 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from ..core.periodic import Missed, Periodic
+from ..core.periodic import DECLARE_EVERY, UNDECLARED_AFTER, Missed, Periodic
 from ..db import Database, to_datetime
 from ..errors import ConfigurationError
 
-__all__ = ["Schedule", "list_schedules"]
+__all__ = ["Schedule", "list_schedules", "prune_schedules"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,10 @@ class Schedule:
     created_at: datetime | None
     #: whether the app named defines it (None: no app named)
     defined: bool | None
+    #: when a running scheduler last declared it (None: never stored)
+    declared_at: datetime | None = None
+    #: not declared for UNDECLARED_AFTER: no running app declares it any more
+    undeclared: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -96,6 +107,7 @@ async def list_schedules(
         now = to_datetime(row["now"]) or now
         last_slot = to_datetime(row["last_slot"])
         after = max(now, last_slot) if last_slot else now
+        declared_at = to_datetime(row["defined_at"])
         found.append(
             Schedule(
                 name=row["name"],
@@ -114,6 +126,8 @@ async def list_schedules(
                 ),
                 created_at=to_datetime(row["created_at"]),
                 defined=None if defined is None else row["name"] in defined,
+                declared_at=declared_at,
+                undeclared=declared_at is not None and now - declared_at > UNDECLARED_AFTER,
             )
         )
     stored = {s.name for s in found}
@@ -138,3 +152,23 @@ async def list_schedules(
                 )
             )
     return sorted(found, key=lambda s: s.name)
+
+
+async def prune_schedules(db: Database, older_than: timedelta) -> list[str]:
+    """Delete the rows of schedules no running scheduler declared for ``older_than`` (at
+    least :data:`~jobfence.core.periodic.UNDECLARED_AFTER`, so a row a running scheduler still
+    declares is never removed); return their names. A schedule declared again later starts
+    afresh: it counts from then, and runs none of the ticks of its absence."""
+    if not isinstance(older_than, timedelta) or older_than < UNDECLARED_AFTER:
+        raise ConfigurationError(
+            f"prune rows not declared for {_hours(UNDECLARED_AFTER)} or longer: running "
+            f"schedulers declare theirs every {_hours(DECLARE_EVERY)}, so a younger row may "
+            "be in use"
+        )
+    rows = await db.run("schedules_prune", {"seconds": older_than.total_seconds()})
+    return sorted(row["name"] for row in rows)
+
+
+def _hours(span: timedelta) -> str:
+    hours = span.total_seconds() / 3600
+    return f"{hours:g} hour{'' if hours == 1 else 's'}"

@@ -3,7 +3,9 @@
 -- missed-tick policy); last_slot is the tick the schedule is at, moved in the transaction
 -- that enqueues its ticks (so on the database queue a tick is enqueued once, however many
 -- schedulers run); last_job_id and last_enqueued_at name the last tick enqueued (a tick
--- dropped by the missed-tick policy moves last_slot only).
+-- dropped by the missed-tick policy moves last_slot only); defined_at is when a running
+-- scheduler last declared it (at its start, every hour while it runs, and in each round that
+-- moves it): a schedule no app declares any more keeps an old defined_at.
 CREATE TABLE core.schedules (
     name              text PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$'),
     cron              text NOT NULL CHECK (cron <> '' AND length(cron) <= 200),
