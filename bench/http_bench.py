@@ -361,7 +361,7 @@ def issue27_targets(results: Any, verdict: Any) -> list[tuple[str, str, str]]:
                 (
                     f"HTTP: httptools parser / h11, {what}",
                     f"{x:.2f}× req/s, {c:.2f}× CPU/req",
-                    "info: uvicorn[standard]",
+                    "info: the httptools parser",
                 )
             )
     return out
