@@ -7,6 +7,9 @@ the project's virtualenv).
     python bench/systems/http_server.py bare            # a bare ASGI app (the physical floor)
     python bench/systems/http_server.py hand URL        # the keyed POST written by hand
 
+``BENCH_HTTP`` picks uvicorn's HTTP/1.1 parser: ``h11`` (the default here, whatever is
+installed) or ``httptools`` (``uvicorn[standard]``).
+
 Each prints ``{"ready": true, "port": …, …}`` and serves on 127.0.0.1 until SIGTERM. With
 ``BENCH_HTTP_PROCESSES=N`` the process forks N-1 more after its setup (migration, partner)
 and all serve the same listening socket, each with its own pool (as ``uvicorn --workers N``).
@@ -79,6 +82,11 @@ def _stats() -> None:
     print(json.dumps({"stats": True, "tasks": _tasks, "pool": stats}), flush=True)
 
 
+#: uvicorn's HTTP parser (uvicorn's own default, "auto", takes httptools when installed)
+HTTP = os.environ.get("BENCH_HTTP", "h11")
+if HTTP not in ("h11", "httptools"):
+    raise SystemExit(f"BENCH_HTTP={HTTP!r}: h11 or httptools")
+
 #: the listening socket, bound before any fork (every process serves it)
 SOCK = tcp_listen_socket()
 #: this process's index among BENCH_HTTP_PROCESSES (0: the first, which says it is ready)
@@ -93,7 +101,7 @@ async def serve(app: Any, pool: Any = None, **ready: Any) -> None:
         loop.set_task_factory(_count_tasks)  # type: ignore[arg-type]
         loop.add_signal_handler(signal.SIGUSR1, _stats)
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="critical", access_log=False, lifespan="on")
+        uvicorn.Config(app, log_level="critical", access_log=False, lifespan="on", http=HTTP)
     )
     task = asyncio.create_task(server.serve(sockets=[SOCK]))
     while not server.started:
