@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import math
+import re
+import subprocess
 from datetime import timedelta
 from typing import Any
+
+import pytest
 
 from jobfence import Job, RetryPolicy, Tx
 from jobfence.core.jobs import Delivery
 from jobfence.review import deadletters
 from jobfence.review.letters import get_letter
+from jobfence.transports import rabbitmq as rabbitmq_transport
 from jobfence.transports.rabbitmq import RabbitMQTransport, defer_bucket, delay_bucket
 
 from ..contract.support import Target, remaining, with_option
@@ -110,3 +118,73 @@ def test_deferral_delays_use_few_buckets_and_never_run_early() -> None:
     used = {defer_bucket(d) for d in delays if 0.01 <= d <= 10}
     assert len(used) <= 41, len(used)
     assert defer_bucket(0) == 0
+
+
+def _rabbitmqctl(*args: str) -> str:
+    done = subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=60)
+    return done.stdout.decode()
+
+
+def _policy_of(queue: str) -> str:
+    """The policy RabbitMQ applies to ``queue`` (empty: none)."""
+    listed = _rabbitmqctl("list_queues", "name", "policy", "--quiet", "--no-table-headers")
+    for line in listed.splitlines():
+        name, _, policy = line.partition("\t")
+        if name == queue:
+            return policy.strip()
+    return ""
+
+
+async def test_a_publish_rabbitmq_refuses_is_sent_again(
+    rabbitmq: Target, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A policy caps the queue at one message and makes RabbitMQ refuse more (overflow
+    ``reject-publish``: it answers the publish with basic.nack). An enqueue into the full
+    queue is refused, sent again, and taken once a worker has made room: both jobs run,
+    each once. With no room ever, the enqueue fails after its tries (the caller hears of
+    it; nothing is reported queued that is not). Resends are 1 s apart here (50 ms × n in
+    production) so that the worker's start fits between them on a loaded machine."""
+    monkeypatch.setattr(rabbitmq_transport, "PUBLISH_RETRY_PAUSE", 1.0)
+    caplog.set_level(logging.WARNING, logger="jobfence.transport.rabbitmq")
+    policy = f"jobfence-test-{rabbitmq.token}"
+    app = rabbitmq.app()
+    ran: list[str] = []
+
+    @app.consumer(rabbitmq.queue)
+    async def handle(job: Job[Any], tx: Tx) -> None:
+        ran.append(job.job_id)
+
+    async with app:
+        await app.enqueue(rabbitmq.queue, {"n": 1}, job_id="first")
+        cap = json.dumps({"max-length": 1, "overflow": "reject-publish"})
+        pattern = f"^{re.escape(rabbitmq.queue)}$"
+        _rabbitmqctl("set_policy", policy, pattern, cap, "--apply-to", "queues")
+        try:
+            await eventually(
+                lambda: _policy_of(rabbitmq.queue) == policy, what="the policy applied"
+            )
+            monkeypatch.setattr(rabbitmq_transport, "PUBLISH_RETRY_PAUSE", 0.05)
+            # a quorum queue's cap is soft (it takes one past it): fill it until refused
+            accepted = ["first"]
+            refusal: Exception | None = None
+            for n in range(5):
+                try:
+                    await app.enqueue(rabbitmq.queue, {"n": n}, job_id=f"fill-{n}")
+                except Exception as exc:  # the last resend's refusal, as the caller hears it
+                    refusal = exc
+                    break
+                accepted.append(f"fill-{n}")
+            assert refusal is not None
+            assert "Nack" in str(refusal), refusal
+            refused = len(caplog.records)
+            assert refused == rabbitmq_transport.PUBLISH_TRIES - 1  # every resend refused too
+            monkeypatch.setattr(rabbitmq_transport, "PUBLISH_RETRY_PAUSE", 1.0)
+            second = asyncio.create_task(app.enqueue(rabbitmq.queue, {"n": 9}, job_id="second"))
+            await eventually(lambda: len(caplog.records) > refused, what="a refused publish")
+            async with RunningWorker(app, concurrency=1, poll_interval=0.2):
+                await asyncio.wait_for(second, timeout=30)  # a resend was taken
+                expected = sorted([*accepted, "second"])
+                await eventually(lambda: sorted(ran) == expected, what="every accepted job ran")
+        finally:
+            _rabbitmqctl("clear_policy", policy)
+    assert sorted(ran) == expected  # each once; the refused one never

@@ -86,9 +86,11 @@ def migrate(
     if as_json:
         emit_json({"database": app.url.display, "schema": app.url.schema, "applied": applied})
     elif applied:
-        console.print(f"applied migrations {', '.join(map(str, applied))} to {app.url.display}")
+        # one line however many (a deploy step's log is read by scripts): never wrapped
+        versions = ", ".join(map(str, applied))
+        console.print(f"applied migrations {versions} to {app.url.display}", soft_wrap=True)
     else:
-        console.print(f"{app.url.display} is up to date")
+        console.print(f"{app.url.display} is up to date", soft_wrap=True)
 
 
 async def _migrate_when_reachable(app: App, wait: timedelta) -> list[int]:

@@ -65,6 +65,10 @@ DELAY_STEPS_PER_DOUBLING = 16
 #: late): their delays vary far more than a retry policy's, and each bucket is a quorum queue
 DEFER_STEP = 4
 PUBLISH_BATCH = 500
+#: how many times one message is sent when RabbitMQ refuses it (basic.nack), and the pause
+#: before the n-th resend (n × this, seconds)
+PUBLISH_TRIES = 4
+PUBLISH_RETRY_PAUSE = 0.05
 MiB = 1024 * 1024
 
 
@@ -361,8 +365,24 @@ class RabbitMQTransport(Transport):
             message_id=meta.job_id,
             correlation_id=meta.correlation_id,
         )
-        # waits for the publisher confirm; mandatory: an unroutable message is an error
-        await self._channel.default_exchange.publish(message, routing_key, mandatory=True)
+        # waits for the publisher confirm; mandatory: an unroutable message is an error. A
+        # basic.nack says the broker did not take the message (a queue's process failed to
+        # accept it): it is sent again, a few times, before the caller hears of it — what
+        # it publishes for stays unacked until then, so nothing is lost either way
+        for tries_left in reversed(range(PUBLISH_TRIES)):
+            try:
+                await self._channel.default_exchange.publish(message, routing_key, mandatory=True)
+                return
+            except aiormq.exceptions.PublishError:
+                raise
+            except aiormq.exceptions.DeliveryError as exc:
+                if tries_left == 0:
+                    raise
+                log.warning(
+                    "RabbitMQ refused a publish (basic.nack); sending it again",
+                    extra={"routing_key": routing_key, "job_id": meta.job_id, "error": str(exc)},
+                )
+                await asyncio.sleep(PUBLISH_RETRY_PAUSE * (PUBLISH_TRIES - tries_left))
 
     async def publish(self, jobs: Sequence[OutgoingJob]) -> None:
         self.check_payloads(jobs)
