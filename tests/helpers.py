@@ -136,14 +136,24 @@ def start_worker(app_spec: str, env: dict[str, str], log_path: Any, *args: str) 
 
 def stop_process(proc: Any, timeout: float = 30) -> int:
     """SIGTERM and wait; SIGKILL if it does not stop. Returns the exit code."""
+    (code,) = stop_processes([proc], timeout)
+    return code
+
+
+def stop_processes(procs: Any, timeout: float = 30) -> list[int]:
+    """:func:`stop_process` for several processes at once: SIGTERM to each, then wait for
+    each (so they stop side by side, not one after another); the exit codes, in order."""
     import signal
     import subprocess
 
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return int(proc.returncode)
+    return [int(proc.returncode) for proc in procs]

@@ -38,7 +38,7 @@ from .helpers import (
     query,
     scalar,
     start_worker,
-    stop_process,
+    stop_processes,
     table,
 )
 
@@ -207,7 +207,7 @@ async def test_several_worker_processes_share_one_sqlite_file(
             await app.enqueue_many(jobs)
         await eventually(lambda: _queue_is_empty(sqlite_database), timeout=90, what="queue drained")
     finally:
-        codes = [stop_process(p) for p in procs]
+        codes = stop_processes(procs)
     assert codes == [0, 0, 0]
     rows = await query(sqlite_database, "SELECT count(*), count(DISTINCT job_id) FROM ledger")
     assert rows == [(200, 200)]

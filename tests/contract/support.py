@@ -338,8 +338,17 @@ def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
     """SIGTERM and the exit code. A worker still running after ``timeout`` is asked where it
     waits (SIGUSR1: its tasks; then SIGABRT: its threads, by faulthandler) before it is
     killed, and the end of its log goes to stderr, so the failure says what it hung on."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+    (code,) = stop_workers([proc], timeout)
+    return code
+
+
+def stop_workers(procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> list[int]:
+    """:func:`stop_worker` for several workers at once: SIGTERM to each, then wait for each
+    (they stop side by side, not one after another); the exit codes, in order."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -355,7 +364,7 @@ def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
                 tail = log_path.read_text(errors="replace")[-20000:]
                 print(f"worker {proc.pid} did not stop within {timeout:g}s; its log ends:\n{tail}",
                       file=sys.stderr)  # fmt: skip
-    return int(proc.returncode)
+    return [int(proc.returncode) for proc in procs]
 
 
 def kill_worker(proc: subprocess.Popen[bytes]) -> None:

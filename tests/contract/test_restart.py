@@ -45,7 +45,7 @@ from .support import (
     new_queue,
     remaining,
     start_worker,
-    stop_worker,
+    stop_workers,
     wait_started,
 )
 
@@ -146,7 +146,7 @@ async def test_restarting_the_server_mid_run_loses_no_acknowledged_job(
     finally:
         with contextlib.suppress(Exception):
             await app.close()
-        codes = [stop_worker(w) for w in workers]
+        codes = stop_workers(workers)
     assert codes == [0, 0]
     done, dead = await outcomes(target.database_url)
     assert [j for j in acknowledged if done[j] + dead[j] != 1] == []
@@ -225,7 +225,7 @@ async def test_a_pubsub_emulator_restart_loses_what_it_held_and_workers_carry_on
     finally:
         with contextlib.suppress(Exception):
             await app.close()
-        codes = [stop_worker(w) for w in workers]
+        codes = stop_workers(workers)
         emulator.close()
     assert codes == [0, 0]
     done, dead = await outcomes(pg_database)

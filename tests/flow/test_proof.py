@@ -23,7 +23,7 @@ import pytest
 
 from jobfence import App
 
-from ..helpers import eventually, query, scalar, start_worker, stop_process, table, wait_until
+from ..helpers import eventually, query, scalar, start_worker, stop_processes, table, wait_until
 
 APP = "tests.apps.flow_app:app"
 
@@ -89,7 +89,7 @@ def _workers(
 
 
 def _stop(procs: list[Any], tmp_path: Path) -> None:
-    codes = [stop_process(p) for p in procs]
+    codes = stop_processes(procs)
     if any(code not in (0, -9) for code in codes):
         logs = "\n".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob("w*.log")))
         raise AssertionError(f"a worker failed ({codes}):\n{logs}")

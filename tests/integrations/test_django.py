@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,22 +118,41 @@ class Shop:
             assert stop_process(proc) == 0, self.logs()
 
 
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """`manage.py migrate` once per store, on a template that each test's database is copied
+    from: the PostgreSQL database's name and the SQLite file's path."""
+    tmp = tmp_path_factory.mktemp("shop-templates")
+    name = create_pg_database()
+    try:
+        Shop(pg_url(name), tmp).manage("migrate")
+        sqlite_file = tmp / "shop-template.db"
+        Shop(f"sqlite:///{sqlite_file}", tmp).manage("migrate")
+        yield {"postgresql": name, "sqlite": str(sqlite_file)}
+    finally:
+        drop_pg_database(name)
+
+
 @pytest.fixture(params=["postgresql", "sqlite"])
-def shop(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shop]:
-    """A fresh database (dropped afterwards) and `manage.py migrate` on it: the project's
-    tables and, through the jobfence app's post_migrate, jobfence's."""
+def shop(
+    request: pytest.FixtureRequest, migrated: dict[str, str], tmp_path: Path
+) -> Iterator[Shop]:
+    """A fresh database (dropped afterwards) as `manage.py migrate` leaves it: the project's
+    tables and, through the jobfence app's post_migrate, jobfence's. The migrate ran once, on
+    the module's template; each test gets a copy of it."""
     if request.param == "postgresql":
-        name = create_pg_database()
+        name = create_pg_database(migrated["postgresql"])
         try:
-            project = Shop(pg_url(name), tmp_path)
-            project.manage("migrate")
-            yield project
+            yield Shop(pg_url(name), tmp_path)
         finally:
             drop_pg_database(name)
     else:
-        project = Shop(f"sqlite:///{tmp_path / f'shop-{uuid.uuid4().hex[:6]}.db'}", tmp_path)
-        project.manage("migrate")
-        yield project
+        copy = tmp_path / f"shop-{uuid.uuid4().hex[:6]}.db"
+        for suffix in ("", "-wal"):  # the migrate's process checkpointed; a WAL file if not
+            template = Path(migrated["sqlite"] + suffix)
+            if template.exists():
+                shutil.copyfile(template, f"{copy}{suffix}")
+        yield Shop(f"sqlite:///{copy}", tmp_path)
 
 
 def credit(member: str = "m-1", points: int = 10, then: str | None = None) -> dict[str, Any]:

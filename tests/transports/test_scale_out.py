@@ -7,7 +7,7 @@ from pathlib import Path
 
 from jobfence import App
 
-from ..contract.support import Target, start_worker, stop_worker, wait_started
+from ..contract.support import Target, start_worker, stop_workers, wait_started
 from ..helpers import eventually, query
 
 JOBS = 200
@@ -40,7 +40,7 @@ async def test_four_worker_processes_share_one_queue(broker: Target, tmp_path: P
 
         await eventually(all_done, timeout=240, interval=0.1, what="200 effects")
     finally:
-        codes = [stop_worker(w) for w in workers]
+        codes = stop_workers(workers)
     assert codes == [0, 0, 0, 0]
     rows = await query(target.database_url, "SELECT job_id, pid FROM effects")
     per_job = collections.Counter(job_id for job_id, _ in rows)
