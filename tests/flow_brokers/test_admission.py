@@ -19,8 +19,9 @@ import pytest
 
 from jobfence import App, Job, Limit, Rate, RetryPolicy, Tx
 from jobfence.config import parse_database_url
+from jobfence.core.holds import hold
 from jobfence.db import Database, connect
-from jobfence.runtime.flow import Admitted, Deferred, FlowControl, hold
+from jobfence.runtime.flow import Admitted, Deferred, FlowControl
 from jobfence.runtime.harness import Outcome
 
 from ..contract.support import Target, cleanup, make_target

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from ..core.holds import hold, unhold
 from ..core.jobs import AttemptRecord, check_queue, history_from, history_json
 from ..core.limits import MAX_KEY_LENGTH
 from ..db import Database, Tx, to_datetime
@@ -569,13 +570,19 @@ class KeyPause:
     reason: str
 
 
-def _check_key(key: object) -> str:
+def _check_key_request(queue: str, key: object, actor: Actor, verb: str) -> None:
+    """A pause or resume of ``key`` of ``queue``: a queue's name, a key a limit can have, and
+    a partner-scoped operator only on its own partner's key."""
+    _check_queue_name(queue)
     if not isinstance(key, str) or len(key) > MAX_KEY_LENGTH or "\x00" in key:
         raise InvalidRequest(
             f"a flow key is a string of at most {MAX_KEY_LENGTH} characters without NUL "
             '(the empty string "" is the key of a limit without one)'
         )
-    return key
+    if actor.partner is not None and actor.partner != key:
+        raise InvalidRequest(
+            f"a partner-scoped operator can {verb} only its own partner's key ({actor.partner!r})"
+        )
 
 
 async def pause_key(
@@ -591,28 +598,15 @@ async def pause_key(
     jobs, and brokers defer its deliveries, until it is resumed; other keys go on. Running
     jobs finish. Audited (``key.pause``). A partner-scoped operator pauses its own partner's
     key only."""
-    _check_queue_name(queue)
-    _check_key(key)
-    if actor.partner is not None and actor.partner != key:
-        raise InvalidRequest(
-            f"a partner-scoped operator can pause only its own partner's key ({actor.partner!r})"
-        )
+    _check_key_request(queue, key, actor, "pause")
     why = checked_reason(reason, required=False) or ""
     qdb = _jobs(db, jobs_db)
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
         if await _key_paused(qtx, queue, key):
             raise ReviewConflict(f"key {key!r} of queue {queue!r} is already paused")
-        await qtx.q(
-            "flow_hold",
-            {
-                "queue": queue,
-                "key": key,
-                "kind": "pause",
-                "seconds": None,
-                "reason": why[:500],
-                "held_by": actor.name[:200],
-            },
+        await hold(
+            qdb, queue, key, kind="pause", seconds=None, reason=why, held_by=actor.name, tx=qtx
         )
         await record(
             tx,
@@ -636,17 +630,12 @@ async def resume_key(
     jobs_db: Database | None = None,
 ) -> None:
     """Resume a paused key (workers claim its jobs again at once). Audited (``key.resume``)."""
-    _check_queue_name(queue)
-    _check_key(key)
-    if actor.partner is not None and actor.partner != key:
-        raise InvalidRequest(
-            f"a partner-scoped operator can resume only its own partner's key ({actor.partner!r})"
-        )
+    _check_key_request(queue, key, actor, "resume")
     why = checked_reason(reason, required=False)
     qdb = _jobs(db, jobs_db)
     async with AsyncExitStack() as stack:
         qtx, tx = await _transactions(stack, db, qdb)
-        if not await qtx.q("flow_unhold", {"queue": queue, "key": key, "kind": "pause"}):
+        if not await unhold(qdb, queue, key, kind="pause", tx=qtx):
             raise ReviewConflict(f"key {key!r} of queue {queue!r} is not paused")
         await record(
             tx,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ..core.holds import hold
 from ..core.limits import QUEUE_KEY, Limit
 from ..db import Database, Tx
 
@@ -124,38 +125,6 @@ async def release_at_commit(tx: Tx, slot: int) -> None:
 
 def _seconds(value: Any) -> float | None:
     return None if value is None else float(value)
-
-
-async def hold(
-    db: Database,
-    queue: str,
-    key: str,
-    *,
-    kind: str,
-    seconds: float | None,
-    reason: str,
-    held_by: str,
-    tx: Tx | None = None,
-) -> float | None:
-    """Hold ``key`` of ``queue``: a back-off for ``seconds`` (a longer one in place stays) or
-    a pause (``seconds`` None). Returns the seconds the key is held from now (None: paused)."""
-    params = {
-        "queue": queue,
-        "key": key,
-        "kind": kind,
-        "seconds": seconds,
-        "reason": reason[:500],
-        "held_by": held_by[:200],
-    }
-    rows = await (tx.q("flow_hold", params) if tx is not None else db.run("flow_hold", params))
-    return _seconds(rows[0]["held_for"]) if rows else seconds
-
-
-async def unhold(db: Database, queue: str, key: str, *, kind: str, tx: Tx | None = None) -> bool:
-    """End ``key``'s hold of ``kind``; whether there was one."""
-    params = {"queue": queue, "key": key, "kind": kind}
-    rows = await (tx.q("flow_unhold", params) if tx is not None else db.run("flow_unhold", params))
-    return bool(rows)
 
 
 class FlowControl:

@@ -36,6 +36,7 @@ from ..calls.ledger import Ledger
 from ..core import fence
 from ..core.codec import Decoder
 from ..core.fence import FenceOutcome
+from ..core.holds import hold
 from ..core.jobs import Delivery, Job
 from ..core.leases import default_holder
 from ..core.limits import Limit
@@ -58,7 +59,7 @@ from ..review.letters import DEFAULT_PAYLOAD_LIMIT
 from ..tracing import Tracing
 from ..transports import Transport
 from . import hosted
-from .flow import Admitted, Deferred, FlowControl, hold, key_for, release_at_commit
+from .flow import Admitted, Deferred, FlowControl, key_for, release_at_commit
 
 log = logging.getLogger("jobfence.harness")
 
